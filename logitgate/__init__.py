@@ -1,0 +1,28 @@
+"""logitgate: the layer between a model's logits and its next tokens — constraints, sampling and
+speculative-decoding verification with one API on CUDA, Ascend NPU and CPU."""
+from .backends import Backend, Capabilities, get_backend
+from .structured.bitmask import (
+    allocate_token_bitmask,
+    apply_token_bitmask_inplace,
+    bitmask_from_token_ids,
+    fill_bitmask_row,
+    get_bitmask_shape,
+    reset_token_bitmask,
+    token_ids_from_bitmask,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backend",
+    "Capabilities",
+    "__version__",
+    "allocate_token_bitmask",
+    "apply_token_bitmask_inplace",
+    "bitmask_from_token_ids",
+    "fill_bitmask_row",
+    "get_bitmask_shape",
+    "get_backend",
+    "reset_token_bitmask",
+    "token_ids_from_bitmask",
+]

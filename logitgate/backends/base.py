@@ -1,0 +1,74 @@
+"""The Backend interface: the one place that knows which device logitgate runs on.
+
+`sampling/` and `structured/` call `backend.<op>(...)` on already-validated tensors; each backend
+decides which kernel runs and reports that decision through `capabilities` and `kernels()`.
+"""
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do, so callers never test device types themselves."""
+
+    native_bitmask: bool  # the bitmask is applied on the device (no host round trip)
+    torch_compile: bool  # torch.compile produces kernels for this device
+    triton: bool  # Triton kernels run on this device (triton / triton-ascend / interpreter)
+    side_streams: bool  # work can be queued on a second stream and joined with an event
+    vector_cores: int | None = None  # Ascend vector cores (launch grid size); None elsewhere
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Backend(ABC):
+    """A device and the kernels logitgate uses on it. Obtain one with `get_backend()`."""
+
+    name: str = "abstract"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = torch.device(device)
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    @abstractmethod
+    def kernels(self) -> dict[str, str]:
+        """Operation name -> the kernel this backend will run for it (shown by `logitgate doctor`)."""
+
+    # ---- kernels (inputs are validated by the public functions that call these) ----
+
+    @abstractmethod
+    def apply_token_bitmask(
+        self, logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None, vocab_size: int
+    ) -> None:
+        """In place: logits[r, t] = -inf where bit t of bitmask[r] is 0, for t < vocab_size and each
+        selected row r (`rows` selects rows of both tensors; None = all rows)."""
+
+    # ---- streams: where work that must not block the decode step is queued ----
+
+    def side_stream(self) -> contextlib.AbstractContextManager:
+        """Context in which queued work runs off the main stream (a no-op where there is none)."""
+        return contextlib.nullcontext()
+
+    def record_event(self) -> Any:
+        """An event marking the work queued so far on the current stream (None where synchronous)."""
+        return None
+
+    def wait_event(self, event: Any) -> None:
+        """Make the current stream wait for `event` without blocking the host."""
+
+    # ---- misc ----
+
+    def synchronize(self) -> None:
+        """Block the host until queued work finished (benchmarks only; never inside a decode step)."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} on {self.device}>"

@@ -1,0 +1,20 @@
+"""Constraints -> per-row allowed sets and bitmasks."""
+from .bitmask import (
+    allocate_token_bitmask,
+    apply_token_bitmask_inplace,
+    bitmask_from_token_ids,
+    fill_bitmask_row,
+    get_bitmask_shape,
+    reset_token_bitmask,
+    token_ids_from_bitmask,
+)
+
+__all__ = [
+    "allocate_token_bitmask",
+    "apply_token_bitmask_inplace",
+    "bitmask_from_token_ids",
+    "fill_bitmask_row",
+    "get_bitmask_shape",
+    "reset_token_bitmask",
+    "token_ids_from_bitmask",
+]

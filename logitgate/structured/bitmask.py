@@ -1,0 +1,148 @@
+"""Token bitmasks in xgrammar's format: int32 (rows, ceil(V/32)); bit j of word i is token 32*i+j;
+1 = allowed, 0 = the logit becomes -inf; -1 (all bits set) allows every token of the word."""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from ..backends import Backend, backend_for_tensor
+from ..backends.reference import num_bitmask_words, pack_bitmask, unpack_bitmask
+
+__all__ = [
+    "allocate_token_bitmask",
+    "apply_token_bitmask_inplace",
+    "bitmask_from_token_ids",
+    "fill_bitmask_row",
+    "get_bitmask_shape",
+    "reset_token_bitmask",
+    "token_ids_from_bitmask",
+    "unpack_bitmask",
+    "pack_bitmask",
+]
+
+LOGITS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def get_bitmask_shape(batch_size: int, vocab_size: int) -> tuple[int, int]:
+    return (batch_size, num_bitmask_words(vocab_size))
+
+
+def allocate_token_bitmask(batch_size: int, vocab_size: int, device: str | torch.device | None = None) -> torch.Tensor:
+    """int32 (batch_size, ceil(vocab_size/32)), every token allowed (-1)."""
+    if batch_size < 0 or vocab_size <= 0:
+        raise ValueError(f"need batch_size >= 0 and vocab_size > 0, got batch_size={batch_size}, vocab_size={vocab_size}")
+    return torch.full(get_bitmask_shape(batch_size, vocab_size), -1, dtype=torch.int32, device=device)
+
+
+def reset_token_bitmask(bitmask: torch.Tensor) -> None:
+    """Allow every token again, in place."""
+    bitmask.fill_(-1)
+
+
+def _check_token_ids(token_ids: Iterable[int], vocab_size: int, row: int | None = None) -> list[int]:
+    ids = [int(t) for t in token_ids]
+    for t in ids:
+        if not 0 <= t < vocab_size:
+            where = "" if row is None else f" in row {row}"
+            raise ValueError(f"token id {t}{where} is outside the vocabulary [0, {vocab_size})")
+    return ids
+
+
+def fill_bitmask_row(bitmask: torch.Tensor, row: int, token_ids: Iterable[int], vocab_size: int) -> None:
+    """Make row `row` allow exactly `token_ids`."""
+    ids = _check_token_ids(token_ids, vocab_size, row)
+    allowed = torch.zeros(vocab_size, dtype=torch.bool)
+    allowed[ids] = True
+    bitmask[row] = pack_bitmask(allowed).to(bitmask.device)
+
+
+def bitmask_from_token_ids(
+    rows: Sequence[Iterable[int]], vocab_size: int, device: str | torch.device | None = None
+) -> torch.Tensor:
+    """One bitmask row per entry of `rows`, allowing exactly the listed token ids."""
+    allowed = torch.zeros(len(rows), vocab_size, dtype=torch.bool)
+    for r, token_ids in enumerate(rows):
+        allowed[r, _check_token_ids(token_ids, vocab_size, r)] = True
+    return pack_bitmask(allowed).to(device)
+
+
+def token_ids_from_bitmask(bitmask: torch.Tensor, vocab_size: int) -> list[list[int]]:
+    """The allowed token ids of each row, sorted (a 1-D bitmask is one row)."""
+    rows = bitmask.reshape(-1, bitmask.shape[-1]).cpu()
+    allowed = unpack_bitmask(rows, vocab_size)
+    return [torch.nonzero(r).flatten().tolist() for r in allowed]
+
+
+def _rows_tensor(indices, limit: int, device: torch.device) -> torch.Tensor:
+    if isinstance(indices, torch.Tensor):
+        if indices.dtype not in (torch.int32, torch.int64) or indices.dim() != 1:
+            raise ValueError(f"indices must be a 1-D int32/int64 tensor, got {indices.dtype} with shape {tuple(indices.shape)}")
+        rows = indices.to(device=device, dtype=torch.int64)
+        if rows.numel():
+            # One host sync for device tensors; pass a list or CPU tensor to avoid it.
+            lo, hi = int(rows.min()), int(rows.max())
+            if lo < 0 or hi >= limit:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f"indices contains row {bad}, outside [0, {limit})")
+        return rows
+    ids = [int(i) for i in indices]
+    for i in ids:
+        if not 0 <= i < limit:
+            raise ValueError(f"indices contains row {i}, outside [0, {limit})")
+    return torch.tensor(ids, dtype=torch.int64).to(device, non_blocking=True)
+
+
+def apply_token_bitmask_inplace(
+    logits: torch.Tensor,
+    bitmask: torch.Tensor,
+    *,
+    indices: Sequence[int] | torch.Tensor | None = None,
+    vocab_size: int | None = None,
+    backend: str | torch.device | Backend | None = None,
+) -> None:
+    """Set logits to -inf where the bitmask disallows the token, in place; xgrammar's semantics.
+
+    logits: float32/float16/bfloat16 (B, V) or (V,); bitmask: int32 (B', W) or (W,) on the same device.
+    indices: rows to mask (of both tensors); None = all rows, then B == B'.
+    vocab_size: tokens to consider; default min(V, 32 * W).
+    """
+    if not isinstance(logits, torch.Tensor) or not isinstance(bitmask, torch.Tensor):
+        raise ValueError("logits and bitmask must be torch tensors")
+    if logits.dtype not in LOGITS_DTYPES:
+        raise ValueError(f"logits dtype must be float32, float16 or bfloat16, got {logits.dtype}")
+    if bitmask.dtype != torch.int32:
+        raise ValueError(f"bitmask dtype must be int32, got {bitmask.dtype}")
+    if logits.dim() not in (1, 2) or bitmask.dim() not in (1, 2):
+        raise ValueError(f"logits and bitmask must be 1-D or 2-D, got shapes {tuple(logits.shape)} and {tuple(bitmask.shape)}")
+    if logits.device != bitmask.device:
+        raise ValueError(f"logits are on {logits.device} but the bitmask is on {bitmask.device}; move the bitmask first")
+    logits2 = logits.unsqueeze(0) if logits.dim() == 1 else logits
+    bitmask2 = bitmask.unsqueeze(0) if bitmask.dim() == 1 else bitmask
+    if logits2.shape[-1] and logits2.stride(-1) != 1 or bitmask2.shape[-1] and bitmask2.stride(-1) != 1:
+        raise ValueError("logits and bitmask must be contiguous in their last dimension")
+    covered = min(logits2.shape[-1], bitmask2.shape[-1] * 32)
+    if vocab_size is None:
+        if bitmask2.shape[-1] * 32 < logits2.shape[-1]:
+            warnings.warn(
+                f"the bitmask covers only {bitmask2.shape[-1] * 32} tokens but logits have {logits2.shape[-1]}; "
+                "the trailing logits are left unmasked (pass vocab_size or allocate the full vocabulary)",
+                stacklevel=2,
+            )
+        vocab_size = covered
+    elif not 0 < vocab_size <= covered:
+        raise ValueError(f"vocab_size {vocab_size} must be in (0, {covered}] (min of logits width and 32 * bitmask words)")
+    if indices is None:
+        if logits2.shape[0] != bitmask2.shape[0]:
+            raise ValueError(
+                f"logits have {logits2.shape[0]} rows but the bitmask has {bitmask2.shape[0]}; pass indices to mask a subset"
+            )
+        rows = None
+    else:
+        rows = _rows_tensor(indices, min(logits2.shape[0], bitmask2.shape[0]), logits.device)
+        if rows.numel() == 0:
+            return
+    if vocab_size == 0 or logits2.shape[0] == 0:
+        return
+    backend_for_tensor(logits, backend).apply_token_bitmask(logits2, bitmask2, rows, vocab_size)

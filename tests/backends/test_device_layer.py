@@ -1,0 +1,151 @@
+"""Backend selection, NPU detection on hosts without CANN, capabilities and the emulated NPU paths."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import logitgate
+from logitgate.backends import backend_for_tensor, clear_backend_cache, get_backend, probe_npu, reset_probes
+from logitgate.backends.emulated import EmulatedEvent, EmulatedNpuBackend
+from logitgate.backends.npu import BITMASK_ROUND_TRIP, BITMASK_TRITON
+from logitgate.backends.triton.launch import ASCEND_UB_BYTES, ascend_grid_and_block, ascend_vocab_tile
+from logitgate.backends.reference import apply_token_bitmask_reference, pack_bitmask
+
+
+def test_explicit_env_and_detected_selection(monkeypatch):
+    assert get_backend("cpu").name == "cpu"
+    assert get_backend("cpu") is get_backend(torch.device("cpu"))  # cached per device
+    monkeypatch.setenv("LOGITGATE_DEVICE", "npu-emulated")
+    assert get_backend().name == "npu-emulated"
+    assert get_backend("cpu").name == "cpu"  # the argument wins over the environment
+    monkeypatch.delenv("LOGITGATE_DEVICE")
+    assert get_backend().name == "cpu"  # no CUDA, no NPU on this host
+
+
+def test_unknown_and_unusable_devices_are_clear(monkeypatch):
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        get_backend("tpu")
+    monkeypatch.setenv("LOGITGATE_DEVICE", "gpu0")
+    with pytest.raises(ValueError, match="unknown device 'gpu0'"):
+        get_backend()
+    monkeypatch.delenv("LOGITGATE_DEVICE")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is unusable"):
+            get_backend("cuda")
+
+
+def test_env_backend_applies_to_matching_tensors(monkeypatch):
+    monkeypatch.setenv("LOGITGATE_DEVICE", "npu-emulated")
+    assert backend_for_tensor(torch.zeros(1)).name == "npu-emulated"
+    with pytest.raises(ValueError, match="tensor is on meta"):
+        backend_for_tensor(torch.zeros(1, device="meta"), "cpu")
+
+
+FAKE_TORCH_NPU = {
+    "oserror": 'raise OSError("libhccl.so: cannot open shared object file: No such file or directory")',
+    "importerror": 'raise ImportError("libascendcl.so: cannot open shared object file")',
+    "sysexit": "import sys\nsys.exit(1)",
+}
+
+
+@pytest.fixture
+def fake_torch_npu(tmp_path, monkeypatch):
+    def install(kind):
+        pkg = tmp_path / kind / "torch_npu"
+        pkg.mkdir(parents=True)
+        (pkg / "__init__.py").write_text(FAKE_TORCH_NPU[kind] + "\n")
+        monkeypatch.syspath_prepend(str(tmp_path / kind))
+        reset_probes()
+        clear_backend_cache()
+        return str(tmp_path / kind)
+
+    yield install
+    sys.modules.pop("torch_npu", None)
+    reset_probes()
+
+
+@pytest.mark.parametrize("kind", sorted(FAKE_TORCH_NPU))
+def test_broken_torch_npu_falls_back_with_one_warning(fake_torch_npu, kind):
+    fake_torch_npu(kind)
+    with pytest.warns(RuntimeWarning, match="NPU unusable") as record:
+        probe = probe_npu()
+        probe_npu()  # cached: no second warning
+    assert len(record) == 1
+    assert not probe.available
+    assert "importing torch_npu failed" in probe.reason
+    assert get_backend().name == "cpu"
+
+
+def test_doctor_shows_why_npu_is_unusable(fake_torch_npu):
+    path = fake_torch_npu("oserror")
+    env = dict(os.environ, PYTHONPATH=path + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run(
+        [sys.executable, "-m", "logitgate", "doctor"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "libhccl.so" in out.stdout
+    assert "selected backend: cpu" in out.stdout
+    assert "apply_token_bitmask" in out.stdout
+
+
+def test_capabilities_declare_the_paths():
+    cpu = get_backend("cpu").capabilities
+    assert cpu.native_bitmask and not cpu.side_streams and cpu.vector_cores is None
+    emulated = EmulatedNpuBackend()
+    assert emulated.bitmask_path == BITMASK_ROUND_TRIP
+    assert not emulated.capabilities.native_bitmask and emulated.capabilities.side_streams
+    assert emulated.capabilities.vector_cores == 48
+    assert "round trip" in emulated.kernels()["apply_token_bitmask"]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+def test_emulated_triton_ascend_path_is_native():
+    emulated = EmulatedNpuBackend(triton_ascend=True, vector_cores=8)
+    assert emulated.bitmask_path == BITMASK_TRITON and emulated.capabilities.native_bitmask
+
+
+def test_triton_ascend_emulation_requires_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        EmulatedNpuBackend(triton_ascend=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_round_trip_restores_dtype_and_touches_only_selected_rows(dtype):
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(5, 300, generator=g) * 3).to(dtype)
+    bitmask = pack_bitmask(torch.rand(5, 300, generator=g) < 0.5)
+    expected = logits.clone()
+    apply_token_bitmask_reference(expected, bitmask, torch.tensor([0, 4]), 300)
+    got = logits.clone()
+    logitgate.apply_token_bitmask_inplace(got, bitmask, indices=[0, 4], backend=EmulatedNpuBackend())
+    assert got.dtype == dtype and torch.equal(got, expected)
+
+
+def test_ascend_launch_sizing_fits_the_unified_buffer():
+    assert ascend_grid_and_block(10, 48) == (10, 1)
+    assert ascend_grid_and_block(48, 48) == (48, 1)
+    assert ascend_grid_and_block(100, 48) == (48, 4)  # ceil(100/48)=3 -> 4
+    assert ascend_grid_and_block(1024, 40) == (40, 32)
+    tile = EmulatedNpuBackend().bitmask_tile()
+    assert tile & (tile - 1) == 0 and 2 * tile * (4 + 1 + 4) <= ASCEND_UB_BYTES
+    assert ascend_vocab_tile(1) == 16384 and ascend_vocab_tile(10**6) == 1024
+
+
+def test_emulated_side_stream_protocol():
+    emulated = EmulatedNpuBackend()
+    with emulated.side_stream():
+        event = emulated.record_event()
+    emulated.wait_event(event)
+    assert emulated.side_stream_entries == 1 and event.waited
+    with pytest.raises(RuntimeError, match="never recorded"):
+        emulated.wait_event(EmulatedEvent())
+
+
+def test_cli_rejects_unknown_device():
+    from logitgate.cli import main
+
+    assert main(["doctor", "--device", "tpu"]) == 2
