@@ -34,6 +34,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench_cli import format_table, run
+
+    summary = run(args.out, args.only, quick=args.quick, device=args.device)
+    print(format_table(summary))
+    print(f"\nJSON and PNG per benchmark in {args.out}/")
+    return 1 if any("error" in entry for entry in summary.values()) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="logitgate", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -44,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the end-to-end demo")
     demo.add_argument("--device", default=None)
     demo.set_defaults(func=_cmd_demo)
+    bench = sub.add_parser("bench", help="run the benchmark scripts, print one table of ratios")
+    bench.add_argument("--out", default="bench-out", help="folder for JSON and PNG results")
+    bench.add_argument("--only", nargs="*", help="benchmark names (bitmask, tree, sampling, ...)")
+    bench.add_argument("--quick", action="store_true", help="fewer repeats and shapes")
+    bench.add_argument("--device", default=None, help="LOGITGATE_DEVICE for the benchmarks")
+    bench.set_defaults(func=_cmd_bench)
     return parser
 
 
