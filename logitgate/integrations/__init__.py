@@ -1,0 +1,1 @@
+"""Integrations with inference engines: Hugging Face transformers and vLLM (v1 logits processors)."""
