@@ -67,6 +67,12 @@ class GrammarBackend(Protocol):
     def fill_bitmasks(self, grammars: Sequence[Grammar], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
         """`grammars[i].fill_bitmask(bitmask, rows[i])` for all i; engines override to batch it."""
 
+    def accept_batch(self, grammars: Sequence[Grammar], tokens: Sequence[int]) -> list[bool]:
+        """`[g.accept_tokens([t]) for g, t in zip(grammars, tokens)]`; engines override to batch it."""
+
+    def rollback_batch(self, grammars: Sequence[Grammar], num_tokens: Sequence[int]) -> None:
+        """`grammars[i].rollback(num_tokens[i])` for all i; engines override to batch it."""
+
     def destroy(self) -> None:
         """Release threads and caches."""
 
@@ -85,8 +91,9 @@ class TokenHistory:
 
 
 class BaseGrammarBackend:
-    """Shared plumbing for GrammarBackend implementations: bitmask allocation and a fill loop that
-    spreads large batches over a thread pool (worth it only for engines that release the GIL)."""
+    """Shared plumbing for GrammarBackend implementations: bitmask allocation, the per-grammar
+    batch loops, and a fill loop that spreads large batches over a thread pool (worth it only for
+    engines that release the GIL)."""
 
     name: ClassVar[str] = "base"
     kinds: ClassVar[frozenset[str]] = frozenset()
@@ -118,6 +125,13 @@ class BaseGrammarBackend:
 
         # list() re-raises the first worker exception here.
         list(self._fill_pool.map(fill_chunk, range(0, len(grammars), step)))
+
+    def accept_batch(self, grammars: Sequence[Grammar], tokens: Sequence[int]) -> list[bool]:
+        return [grammar.accept_tokens((token,)) for grammar, token in zip(grammars, tokens)]
+
+    def rollback_batch(self, grammars: Sequence[Grammar], num_tokens: Sequence[int]) -> None:
+        for grammar, n in zip(grammars, num_tokens):
+            grammar.rollback(n)
 
     def destroy(self) -> None:
         if self._fill_pool is not None:

@@ -9,16 +9,18 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeoutError  # not the builtin before 3.11
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+import numpy as np
 import torch
 
-from .bitmask import allocate_token_bitmask
+from ..backends.reference import num_bitmask_words
 from .grammar import Grammar, GrammarBackend
 from .params import StructuredOutputsParams
 from .reasoning import EndMarker
@@ -67,15 +69,16 @@ class _Request:
         return not self.gated or self.reasoning_ended
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _DraftWalk:
     """One request's trip through its draft tokens inside grammar_bitmask."""
 
-    req: _Request
+    grammar: Grammar
     drafts: list[int]
     first_row: int
     marker_progress: int
     constrained: bool
+    terminated: bool
     advanced: int = 0  # grammar steps taken, rolled back at the end
 
 
@@ -191,7 +194,8 @@ class StructuredOutputManager:
             if request_id in self._requests:
                 raise ValueError(f"request {request_id!r} is already registered")
             future = self._cache.get(key)
-            new = future is None
+            # The clean-up callback may not have run yet for a compile that just failed.
+            new = future is None or not _reusable(future)
             if new:
                 future = self._executor.submit(self._compile, name, params)
                 self._cache[key] = future
@@ -215,10 +219,7 @@ class StructuredOutputManager:
             self._cache.popitem(last=False)
 
     def _forget_failure(self, key: tuple, future: Future) -> None:
-        # An invalid constraint (ValueError) fails the same way every time and stays cached; any
-        # other failure (memory, a crashed engine) leaves the cache so the next request retries.
-        exc = None if future.cancelled() else future.exception()
-        if future.cancelled() or (exc is not None and not isinstance(exc, ValueError)):
+        if not _reusable(future):
             with self._lock:
                 if self._cache.get(key) is future:
                     del self._cache[key]
@@ -245,7 +246,7 @@ class StructuredOutputManager:
             return False
         try:
             template = req.future.result(timeout=timeout)
-        except TimeoutError:
+        except FutureTimeoutError:
             raise
         except Exception as exc:  # noqa: BLE001 - any compile failure fails this request only
             reason = str(exc) or type(exc).__name__
@@ -325,7 +326,7 @@ class StructuredOutputManager:
         ids = self._check_tokens(request_id, tokens)
         befores, for_grammar, progress = self._split_reasoning(req, ids)
         if for_grammar:
-            if req.grammar.is_terminated() or not req.grammar.accept_tokens(for_grammar):
+            if not req.grammar.accept_tokens(for_grammar):
                 logger.debug("request %r: grammar rejected tokens %s", request_id, for_grammar)
                 return False
             req.grammar_tokens += len(for_grammar)
@@ -343,8 +344,6 @@ class StructuredOutputManager:
         end = next((i for i, t in enumerate(ids) if not 0 <= t < self.vocab_size), len(ids))
         befores, for_grammar, _ = self._split_reasoning(req, ids[:end])
         if not for_grammar:
-            return ids[: len(befores)]
-        if req.grammar.is_terminated():
             return ids[: len(befores)]
         return ids[: len(befores)] + req.grammar.validate_tokens(for_grammar)
 
@@ -426,60 +425,64 @@ class StructuredOutputManager:
             raise ValueError(f"request_ids has duplicates: {sorted({r for r in request_ids if list(request_ids).count(r) > 1})}")
         drafts = self._drafts_for(request_ids, spec_tokens)
         reqs = [self._ready(r) for r in request_ids]
-        bitmask = allocate_token_bitmask(sum(1 + len(d) for d in drafts), self.vocab_size)
-        walks, row = [], 0
+        bitmask = _host_bitmask(sum(1 + len(d) for d in drafts), self.vocab_size)
+        # Walks grouped by engine, so each depth is one batched fill and one batched accept per engine.
+        groups: dict[int, tuple[GrammarBackend, list[_DraftWalk]]] = {}
+        row = 0
         for req, d in zip(reqs, drafts):
-            walks.append(_DraftWalk(req, d, row, req.marker_progress, req.constrained))
+            walk = _DraftWalk(req.grammar, d, row, req.marker_progress, req.constrained, req.grammar.is_terminated())
+            groups.setdefault(id(req.backend), (req.backend, []))[1].append(walk)
             row += 1 + len(d)
         repeats: list[tuple[int, int, int]] = []  # (source row, first row, end row)
         try:
-            depth, active = 0, walks
-            while active:
-                self._fill_depth(active, depth, bitmask)
-                still = []
-                for walk in active:
-                    if depth == len(walk.drafts):
-                        continue
-                    if self._advance(walk, walk.drafts[depth]):
-                        still.append(walk)
-                    else:
-                        repeats.append((walk.first_row + depth, walk.first_row + depth + 1, walk.first_row + len(walk.drafts) + 1))
-                active, depth = still, depth + 1
+            for backend, walks in groups.values():
+                self._walk_drafts(backend, walks, bitmask, repeats)
         finally:
-            for walk in walks:
-                if walk.advanced:
-                    walk.req.grammar.rollback(walk.advanced)
+            for backend, walks in groups.values():
+                advanced = [w for w in walks if w.advanced]
+                if advanced:
+                    backend.rollback_batch([w.grammar for w in advanced], [w.advanced for w in advanced])
         for source, start, end in repeats:
             bitmask[start:end] = bitmask[source]
         return bitmask
 
-    def _fill_depth(self, walks: list[_DraftWalk], depth: int, bitmask: torch.Tensor) -> None:
-        """Fill row `depth` of every walk, batched per engine; unconstrained rows stay all-allowed."""
-        jobs: dict[int, tuple[GrammarBackend, list[Grammar], list[int]]] = {}
-        for walk in walks:
-            grammar = walk.req.grammar
-            if walk.constrained and not grammar.is_terminated():
-                _, grammars, rows = jobs.setdefault(id(walk.req.backend), (walk.req.backend, [], []))
-                grammars.append(grammar)
-                rows.append(walk.first_row + depth)
-        for backend, grammars, rows in jobs.values():
-            backend.fill_bitmasks(grammars, bitmask, rows)
-
-    def _advance(self, walk: _DraftWalk, token: int) -> bool:
-        """Step one draft; False when it is rejected (or padding)."""
-        if token == -1:
-            return False
-        if not walk.constrained:
-            walk.marker_progress = self.reasoning_end.step(walk.marker_progress, token)
-            walk.constrained = walk.marker_progress == len(self.reasoning_end)
-            return True
-        grammar = walk.req.grammar
-        if grammar.is_terminated():
-            return True  # as vLLM: the rows after the stop token allow everything
-        if not grammar.accept_tokens((token,)):
-            return False
-        walk.advanced += 1
-        return True
+    def _walk_drafts(
+        self, backend: GrammarBackend, walks: list[_DraftWalk], bitmask: torch.Tensor, repeats: list[tuple[int, int, int]]
+    ) -> None:
+        """Fill row k of every walk, then step over draft k, for k = 0, 1, ... A rejected or -1 draft
+        ends a walk; its remaining rows will repeat its last row. Rows in the reasoning span or
+        after the stop token stay all-allowed."""
+        depth, active = 0, walks
+        while active:
+            fill = [w for w in active if w.constrained and not w.terminated]
+            if fill:
+                backend.fill_bitmasks([w.grammar for w in fill], bitmask, [w.first_row + depth for w in fill])
+            still: list[_DraftWalk] = []
+            stepping: list[_DraftWalk] = []
+            for walk in active:
+                if depth == len(walk.drafts):
+                    continue
+                token = walk.drafts[depth]
+                if token == -1:
+                    repeats.append((walk.first_row + depth, walk.first_row + depth + 1, walk.first_row + len(walk.drafts) + 1))
+                elif not walk.constrained:
+                    walk.marker_progress = self.reasoning_end.step(walk.marker_progress, token)
+                    walk.constrained = walk.marker_progress == len(self.reasoning_end)
+                    still.append(walk)
+                elif walk.terminated:
+                    still.append(walk)  # as vLLM: the rows after the stop token allow everything
+                else:
+                    stepping.append(walk)
+            if stepping:
+                accepted = backend.accept_batch([w.grammar for w in stepping], [w.drafts[depth] for w in stepping])
+                for walk, ok in zip(stepping, accepted):
+                    if ok:
+                        walk.advanced += 1
+                        walk.terminated = walk.grammar.is_terminated()
+                        still.append(walk)
+                    else:
+                        repeats.append((walk.first_row + depth, walk.first_row + depth + 1, walk.first_row + len(walk.drafts) + 1))
+            active, depth = still, depth + 1
 
     # ---- lifetime ----
 
@@ -506,3 +509,21 @@ class StructuredOutputManager:
             f"<StructuredOutputManager V={self.vocab_size} requests={len(self._requests)} "
             f"engines={sorted(self._backends)} spec={self.num_speculative_tokens}>"
         )
+
+
+def _reusable(future: Future) -> bool:
+    """Whether a cached compile may serve another request. An invalid constraint (ValueError) fails
+    the same way every time, so it stays cached; any other failure (memory, a crashed engine) or a
+    cancelled compile is retried by the next request."""
+    if not future.done():
+        return True
+    if future.cancelled():
+        return False
+    exc = future.exception()
+    return exc is None or isinstance(exc, ValueError)
+
+
+def _host_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
+    """An all-allowed host bitmask. numpy's single-threaded fill: for a few MB, torch's intra-op
+    thread hand-off costs more than the memset itself, and far more on a busy host."""
+    return torch.from_numpy(np.full((rows, num_bitmask_words(vocab_size)), -1, dtype=np.int32))

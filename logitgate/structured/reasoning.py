@@ -38,12 +38,3 @@ class EndMarker:
         while progress and self.tokens[progress] != token:
             progress = self._fallback[progress - 1]
         return progress + 1 if self.tokens[progress] == token else 0
-
-    def scan(self, progress: int, tokens: Sequence[int]) -> tuple[int, int]:
-        """Feed tokens until the marker completes: (progress, tokens consumed). The tokens after the
-        marker (tokens[consumed:]) belong to the constrained output."""
-        for i, token in enumerate(tokens):
-            progress = self.step(progress, int(token))
-            if progress == len(self.tokens):
-                return progress, i + 1
-        return progress, len(tokens)

@@ -47,27 +47,32 @@ class XGrammarGrammar:
         self.special_ids = special_ids
         self._history = TokenHistory()
 
-    def _accept_one(self, token: int) -> bool:
-        # Checked here so xgrammar does not log a warning for every rejected draft.
-        if not 0 <= token < self.vocab_size or token in self.special_ids or self.matcher.is_terminated():
-            return False
-        return self.matcher.accept_token(token)
+    def _advance(self, tokens: Sequence[int]) -> int:
+        """Accept tokens until one is rejected; how many were accepted (the caller rolls back)."""
+        matcher = self.matcher
+        if matcher.is_terminated():
+            return 0
+        last = len(tokens) - 1
+        for i, token in enumerate(tokens):
+            token = int(token)
+            # Range and special ids are checked here so xgrammar does not log a warning per rejected draft.
+            if not 0 <= token < self.vocab_size or token in self.special_ids or not matcher.accept_token(token):
+                return i
+            if i < last and matcher.is_terminated():  # nothing follows a stop token
+                return i + 1
+        return len(tokens)
 
     def accept_tokens(self, tokens: Sequence[int]) -> bool:
-        for i, token in enumerate(tokens):
-            if not self._accept_one(int(token)):
-                if i:
-                    self.matcher.rollback(i)
-                return False
-        self._history.count += len(tokens)
+        accepted = self._advance(tokens)
+        if accepted < len(tokens):
+            if accepted:
+                self.matcher.rollback(accepted)
+            return False
+        self._history.count += accepted
         return True
 
     def validate_tokens(self, tokens: Sequence[int]) -> list[int]:
-        accepted = 0
-        for token in tokens:
-            if not self._accept_one(int(token)):
-                break
-            accepted += 1
+        accepted = self._advance(tokens)
         if accepted:
             self.matcher.rollback(accepted)
         return [int(t) for t in tokens[:accepted]]
@@ -163,6 +168,25 @@ class XGrammarBackend(BaseGrammarBackend):
     def fill_bitmasks(self, grammars: Sequence[Grammar], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
         matchers = [g.matcher for g in grammars]  # type: ignore[attr-defined]
         self._batch.batch_fill_next_token_bitmask(matchers, bitmask, list(rows))
+
+    def accept_batch(self, grammars: Sequence[Grammar], tokens: Sequence[int]) -> list[bool]:
+        # A plain loop: BatchGrammarMatcher.batch_accept_token converts its result element by element
+        # through tvm-ffi, which costs more than the accepts. Ids xgrammar would refuse with a
+        # warning never reach it.
+        vocab_size, special, accepted = self.vocab_size, self.special_ids, []
+        for grammar, token in zip(grammars, tokens):
+            ok = 0 <= token < vocab_size and token not in special and grammar.matcher.accept_token(token)  # type: ignore[attr-defined]
+            if ok:
+                grammar._history.count += 1  # type: ignore[attr-defined]
+            accepted.append(ok)
+        return accepted
+
+    def rollback_batch(self, grammars: Sequence[Grammar], num_tokens: Sequence[int]) -> None:
+        for grammar, n in zip(grammars, num_tokens):
+            grammar._history.check_rollback(n)  # type: ignore[attr-defined]
+        xgr.BatchGrammarMatcher.batch_rollback([g.matcher for g in grammars], list(num_tokens))  # type: ignore[attr-defined]
+        for grammar, n in zip(grammars, num_tokens):
+            grammar._history.count -= n  # type: ignore[attr-defined]
 
     def destroy(self) -> None:
         self.compiler.clear_cache()

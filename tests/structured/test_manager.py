@@ -281,3 +281,46 @@ def test_hundreds_of_concurrent_requests_compile_once_per_spec(tokenizer_info, c
         row = 3 * 7
         prefixes = [[], [ord("k")], [ord("k")] + drafts[ready[7]][1:]]
         assert torch.equal(bitmask[row : row + 3], plain_rows(compiler.compile_regex(specs[n]), prefixes))
+
+
+def test_end_to_end_mask_a_batch_with_drafts(manager, backend):
+    """Manager rows, reordered into a batch that also holds an unconstrained request, applied to
+    logits on every reachable device backend: each constrained row's argmax is a grammar token."""
+    import logitgate
+
+    add_ready(manager, "j", json=PERSON_SCHEMA)
+    add_ready(manager, "c", choice=["yes", "no"])
+    spec = {"j": PERSON_TEXT[:2], "free": [1, 2, 3], "c": [ord("n")]}
+    bitmask = manager.grammar_bitmask(["c", "j"], spec)
+    batch = ["j", "free", "c"]  # the model runner's order differs from the manager's
+    logits = torch.randn(3 + 4 + 2, VOCAB_SIZE).to(backend.device)
+    untouched = logits[3:7].clone()
+    logitgate.apply_grammar_bitmask(logits, bitmask, ["c", "j"], batch, spec, backend=backend)
+    allowed = logitgate.token_ids_from_bitmask(bitmask, VOCAB_SIZE)
+    # manager rows: c -> 0, 1; j -> 2, 3, 4.   batch rows: j -> 0, 1, 2; free -> 3..6; c -> 7, 8
+    for logit_row, manager_row in [(0, 2), (1, 3), (2, 4), (7, 0), (8, 1)]:
+        assert int(logits[logit_row].argmax()) in allowed[manager_row]
+        assert torch.isinf(logits[logit_row]).sum() == VOCAB_SIZE - len(allowed[manager_row])
+    assert torch.equal(logits[3:7], untouched)
+
+
+class FlakyBackend(XGrammarBackend):
+    """Fails its first compile with a non-ValueError (as a crashed engine would)."""
+
+    failed = False
+
+    def compile(self, kind, spec, **kwargs):
+        if not FlakyBackend.failed:
+            FlakyBackend.failed = True
+            raise MemoryError("out of memory while compiling")
+        return super().compile(kind, spec, **kwargs)
+
+
+def test_only_invalid_constraints_stay_cached_as_failures(tokenizer_info):
+    engine = FlakyBackend(tokenizer_info, vocab_size=VOCAB_SIZE)
+    with StructuredOutputManager(tokenizer_info, vocab_size=VOCAB_SIZE, backend=engine) as m:
+        m.add_request("first", StructuredOutputsParams(regex="a+"))
+        assert m.wait("first", timeout=30) is RequestStatus.FAILED
+        assert m.error("first") == "out of memory while compiling"
+        m.add_request("second", StructuredOutputsParams(regex="a+"))  # retried, not served the failure
+        assert m.wait("second", timeout=30) is RequestStatus.READY

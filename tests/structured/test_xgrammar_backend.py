@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from vocab_helpers import EOS, PERSON_SCHEMA, VOCAB_SIZE, encode, plain_rows, xgr
+from vocab_helpers import EOS, PERSON_SCHEMA, VOCAB_SIZE, encode, plain_rows
 from logitgate.structured.grammar import Grammar, GrammarBackend
 from logitgate.structured.registry import available_grammar_backends, get_grammar_backend_factory
 from logitgate.structured.xgrammar_backend import XGrammarBackend, choice_ebnf, clean_xgrammar_error
