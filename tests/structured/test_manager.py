@@ -324,3 +324,31 @@ def test_only_invalid_constraints_stay_cached_as_failures(tokenizer_info):
         assert m.error("first") == "out of memory while compiling"
         m.add_request("second", StructuredOutputsParams(regex="a+"))  # retried, not served the failure
         assert m.wait("second", timeout=30) is RequestStatus.READY
+
+
+class GatedBackend(XGrammarBackend):
+    """Compiles only once `gate` is set, so a test can look at a request mid-compile."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+
+    def compile(self, kind, spec, **kwargs):
+        assert self.gate.wait(timeout=30)
+        return super().compile(kind, spec, **kwargs)
+
+
+def test_status_while_compiling_and_wait_timeout(tokenizer_info):
+    from concurrent.futures import TimeoutError as FutureTimeoutError
+
+    engine = GatedBackend(tokenizer_info, vocab_size=VOCAB_SIZE)
+    with StructuredOutputManager(tokenizer_info, vocab_size=VOCAB_SIZE, backend=engine) as m:
+        m.add_request("r", StructuredOutputsParams(regex="a"))
+        assert m.status("r") is RequestStatus.COMPILING and not m.is_ready("r")
+        assert m.error("r") is None and m.request_ids() == ["r"]
+        with pytest.raises(FutureTimeoutError):
+            m.wait("r", timeout=0.01)
+        engine.gate.set()
+        assert m.wait("r", timeout=30) is RequestStatus.READY and m.is_ready("r")
+    with pytest.raises(ValueError, match="closed"):
+        m.add_request("s", StructuredOutputsParams(regex="a"))
