@@ -12,6 +12,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from .grammar import BaseGrammarBackend, Grammar
@@ -99,10 +100,12 @@ class TreeGrammar:
 
 def _fill_rows(tree: Any, states: list[int], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
     # TreeDFA.fill_bitmask writes one row per state into the bitmask it is given; fill a scratch
-    # block and scatter it so the manager's rows need not be contiguous.
-    scratch = torch.empty((len(states), bitmask.shape[1]), dtype=torch.int32)
+    # block and scatter it so the manager's rows need not be contiguous. The scatter goes through
+    # numpy (the bitmask is a host tensor): torch's index_put hands a few rows to its intra-op
+    # threads, which costs milliseconds on a busy host.
+    scratch = torch.from_numpy(np.empty((len(states), bitmask.shape[1]), dtype=np.int32))
     tree.fill_bitmask(torch.tensor(states, dtype=torch.int64), scratch)
-    bitmask[torch.tensor(list(rows), dtype=torch.int64)] = scratch
+    bitmask.numpy()[np.asarray(rows, dtype=np.int64)] = scratch.numpy()
 
 
 class TreeBackend(BaseGrammarBackend):
