@@ -10,19 +10,26 @@ from .structured.bitmask import (
     reset_token_bitmask,
     token_ids_from_bitmask,
 )
+from .structured.manager import StructuredOutputManager
+from .structured.params import StructuredOutputsParams
+from .structured.speculative import apply_grammar_bitmask, strip_speculative_padding
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Backend",
     "Capabilities",
+    "StructuredOutputManager",
+    "StructuredOutputsParams",
     "__version__",
     "allocate_token_bitmask",
+    "apply_grammar_bitmask",
     "apply_token_bitmask_inplace",
     "bitmask_from_token_ids",
     "fill_bitmask_row",
     "get_bitmask_shape",
     "get_backend",
     "reset_token_bitmask",
+    "strip_speculative_padding",
     "token_ids_from_bitmask",
 ]

@@ -1,0 +1,105 @@
+"""StructuredOutputsParams: which constraint a request decodes under (vLLM's field names)."""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CONSTRAINT_KINDS", "StructuredOutputsParams"]
+
+# The constraint fields, in the order they are reported. Exactly one is set per request.
+CONSTRAINT_KINDS: tuple[str, ...] = (
+    "json",
+    "json_object",
+    "regex",
+    "grammar",
+    "choice",
+    "structural_tag",
+    "prefix_dict",
+    "token_trie",
+)
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """Exactly one of the constraint fields, plus options.
+
+    - ``json``: a JSON schema (dict or JSON string).
+    - ``json_object``: True for "any JSON object".
+    - ``regex``: a regular expression the whole output must match.
+    - ``grammar``: an EBNF (GBNF) grammar with a ``root`` rule.
+    - ``choice``: the output is exactly one of these strings.
+    - ``structural_tag``: an xgrammar structural tag (dict or JSON string).
+    - ``prefix_dict``: an RTP-LLM prefix-dict config (path, JSON string or dict) for TreeDFA.
+    - ``token_trie``: a TokenTreePayload (JSON string or dict) for TreeDFA; its end token is the
+      payload's top-level ``end_token_id`` if present, else the tokenizer's first stop token.
+    - ``disable_any_whitespace``: JSON without free whitespace (``json`` / ``json_object``).
+    - ``enable_in_reasoning``: constrain the reasoning span too; None = the manager's default.
+    """
+
+    json: str | Mapping[str, Any] | None = None
+    json_object: bool | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    choice: Sequence[str] | None = None
+    structural_tag: str | Mapping[str, Any] | None = None
+    prefix_dict: str | Mapping[str, Any] | None = None
+    token_trie: str | Mapping[str, Any] | None = None
+    disable_any_whitespace: bool = False
+    enable_in_reasoning: bool | None = None
+
+    def __post_init__(self) -> None:
+        set_kinds = [k for k in CONSTRAINT_KINDS if _is_set(k, getattr(self, k))]
+        if len(set_kinds) != 1:
+            named = ", ".join(set_kinds) if set_kinds else "none"
+            raise ValueError(
+                f"StructuredOutputsParams needs exactly one of {', '.join(CONSTRAINT_KINDS)}; got {named}"
+            )
+        kind = set_kinds[0]
+        value = getattr(self, kind)
+        if kind == "json_object" and value is not True:
+            raise ValueError(f"json_object must be True or None, got {value!r}")
+        if kind in ("regex", "grammar") and not isinstance(value, str):
+            raise ValueError(f"{kind} must be a string, got {type(value).__name__}")
+        if kind in ("json", "structural_tag", "prefix_dict", "token_trie") and not isinstance(value, (str, Mapping)):
+            raise ValueError(f"{kind} must be a dict or a JSON string, got {type(value).__name__}")
+        if kind == "choice":
+            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+                raise ValueError(f"choice must be a list of strings, got {type(value).__name__}")
+            if not value:
+                raise ValueError("choice must name at least one string")
+            for i, item in enumerate(value):
+                if not isinstance(item, str):
+                    raise ValueError(f"choice[{i}] must be a string, got {type(item).__name__}")
+            # Frozen means hashable: store the choices as a tuple.
+            object.__setattr__(self, "choice", tuple(value))
+
+    @property
+    def kind(self) -> str:
+        """The name of the constraint field that is set."""
+        return next(k for k in CONSTRAINT_KINDS if _is_set(k, getattr(self, k)))
+
+    @property
+    def spec(self) -> Any:
+        """The value of the constraint field that is set."""
+        return getattr(self, self.kind)
+
+    def cache_key(self) -> tuple[str, str, bool]:
+        """A hashable key equal for equal constraints (dicts compared by content, keys sorted)."""
+        spec = self.spec
+        if isinstance(spec, Mapping):
+            text = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+        elif isinstance(spec, tuple):
+            text = json.dumps(list(spec))
+        else:
+            text = str(spec)
+        return (self.kind, text, self.disable_any_whitespace)
+
+    def __hash__(self) -> int:
+        return hash((self.cache_key(), self.enable_in_reasoning))
+
+
+def _is_set(kind: str, value: Any) -> bool:
+    # json_object=False means "not requested", like vLLM's bool | None.
+    return value is not None and not (kind == "json_object" and value is False)
