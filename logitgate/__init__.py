@@ -10,12 +10,14 @@ from .structured.bitmask import (
     reset_token_bitmask,
     token_ids_from_bitmask,
 )
+from .structured.tree import TreeDFA
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Backend",
     "Capabilities",
+    "TreeDFA",
     "__version__",
     "allocate_token_bitmask",
     "apply_token_bitmask_inplace",

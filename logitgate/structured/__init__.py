@@ -8,8 +8,10 @@ from .bitmask import (
     reset_token_bitmask,
     token_ids_from_bitmask,
 )
+from .tree import TreeDFA
 
 __all__ = [
+    "TreeDFA",
     "allocate_token_bitmask",
     "apply_token_bitmask_inplace",
     "bitmask_from_token_ids",
