@@ -5,6 +5,8 @@ import argparse
 import json
 import sys
 
+from .tree_cli import register as register_tree_commands
+
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor import format_report, report
@@ -44,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the end-to-end demo")
     demo.add_argument("--device", default=None)
     demo.set_defaults(func=_cmd_demo)
+    register_tree_commands(sub)
     return parser
 
 

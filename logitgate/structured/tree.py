@@ -387,7 +387,7 @@ class TreeDFA:
             "dense_bytes": 0 if self._dense_rows is None else self._dense_rows.numel() * 4,
             "device": str(self.device),
             "device_bytes": device_bytes,
-            "bytes_per_node": device_bytes / self.num_states,
+            "bytes_per_node": device_bytes / max(host.num_nodes, 1),
             "vocab_size": self.vocab_size,
             "end_token_id": self.end_token_id,
             **host.info,

@@ -81,6 +81,15 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return base + np.arange(total, dtype=np.int64)
 
 
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """np.unique for int arrays by sort + compare (numpy's hash-based unique is far slower here)."""
+    out = np.sort(values)
+    keep = np.empty(len(out), bool)
+    keep[:1] = True
+    np.not_equal(out[1:], out[:-1], out=keep[1:])
+    return out[keep]
+
+
 def build_trie(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, ...]:
     """Trie of the sequences flat[starts[i] : starts[i] + lengths[i]].
 
@@ -110,7 +119,7 @@ def sequences_graph(spec: SequenceSpec, end_token_id: int) -> TreeGraph:
     """Token trie: a node allows its children and, where a sequence ends, the end token."""
     starts = spec.offsets[:-1]
     parent, token, depth, seq_node = build_trie(spec.token_ids, starts, np.diff(spec.offsets))
-    terminal = np.unique(seq_node)
+    terminal = sorted_unique(seq_node)
     allow_node = np.concatenate([parent[1:], terminal])
     allow_tok = np.concatenate([token[1:], np.full(len(terminal), end_token_id, np.int64)])
     frozen = np.zeros(len(parent), bool)
@@ -206,7 +215,7 @@ def compile_graph(
             np.array([(error << CODE_SHIFT) | end_token_id, (finished << CODE_SHIFT) | end_token_id], np.int64),
         ]
     )
-    allow_codes = np.unique(allow_codes)  # sorts per state and token, drops repeated candidates
+    allow_codes = sorted_unique(allow_codes)  # sorts per state and token, drops repeated candidates
     allow_state = allow_codes >> CODE_SHIFT
     allow_tok = allow_codes & TOKEN_MASK
     allow_ptr = np.zeros(n + 3, np.int64)
