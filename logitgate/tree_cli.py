@@ -30,7 +30,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 1 if any(tree["errors"] for tree in report["trees"]) else 0
 
 
-def inspect_file(file: str, *, vocab_size: int | None = None, end_token_id: int | None = None, path: str | None = None) -> dict[str, Any]:
+def inspect_file(
+    file: str, *, vocab_size: int | None = None, end_token_id: int | None = None, path: str | None = None
+) -> dict[str, Any]:
     """{"file", "format", "trees": [{"name", "errors", "stats"}]}; raises ValueError when the file
     cannot be read or its format needs an option that is missing."""
     from .structured.tree_loaders import check_vocab_size, load_json, prefix_dict_problems
@@ -39,8 +41,10 @@ def inspect_file(file: str, *, vocab_size: int | None = None, end_token_id: int 
     obj, _ = load_json(file, "tree file")
     if isinstance(obj, dict) and "prefix_dict" in obj:
         errors = prefix_dict_problems(obj, vocab_size)
-        trees = [_inspect_one("prefix dict", errors, lambda tree_cls: tree_cls.from_prefix_dict(obj, vocab_size=vocab_size, device="cpu", cache=False))]
-        return {"file": file, "format": "rtp-llm prefix dict", "trees": trees}
+        tree = _inspect_one(
+            "prefix dict", errors, lambda cls: cls.from_prefix_dict(obj, vocab_size=vocab_size, device="cpu", cache=False)
+        )
+        return {"file": file, "format": "rtp-llm prefix dict", "trees": [tree]}
     if end_token_id is None:
         raise ValueError("token tries and sequence lists have no end token: pass --end-token-id")
     if isinstance(obj, dict) and "descriptors" in obj:
@@ -67,16 +71,20 @@ def _inspect_payload(obj: dict, end_token_id: int, vocab_size: int | None, path:
         except ValueError as exc:
             trees.append({"name": f"descriptor {p!r}", "errors": [str(exc)], "stats": None})
             continue
-        trees.append(_inspect_sequences(f"descriptor {parsed.path!r}", parsed.sequences, parsed.names, end_token_id, vocab_size))
+        name = f"descriptor {parsed.path!r}"
+        trees.append(_inspect_sequences(name, parsed.sequences, parsed.names, end_token_id, vocab_size))
     return trees
 
 
-def _inspect_sequences(name: str, sequences: list, names: list[str] | None, end_token_id: int, vocab_size: int | None) -> dict:
+def _inspect_sequences(
+    name: str, sequences: list, names: list[str] | None, end_token_id: int, vocab_size: int | None
+) -> dict:
     from .structured.tree_loaders import check_token_id, sequence_problems
 
     try:
         check_token_id(end_token_id, "end_token_id", vocab_size)
-        errors = sequence_problems(sequences, end_token_id, vocab_size, names) or ([] if sequences else ["no sequences"])
+        errors = sequence_problems(sequences, end_token_id, vocab_size, names)
+        errors = errors or ([] if sequences else ["no sequences"])
     except ValueError as exc:
         errors = [str(exc)]
     return _inspect_one(name, errors, lambda tree_cls: tree_cls.from_sequences(
@@ -98,7 +106,8 @@ def _bytes(n: float) -> str:
 
 
 def format_report(report: dict[str, Any]) -> str:
-    lines = [f"{report['file']}: {report['format']}" + (f" (modelId {report['model_id']!r})" if report.get("model_id") else "")]
+    model = f" (modelId {report['model_id']!r})" if report.get("model_id") else ""
+    lines = [f"{report['file']}: {report['format']}{model}"]
     for tree in report["trees"]:
         lines.append(f"  {tree['name']}:")
         if tree["errors"]:
@@ -107,10 +116,14 @@ def format_report(report: dict[str, Any]) -> str:
             continue
         s = tree["stats"]
         if "keys" in s:
-            unreachable = f" ({s['unreachable_keys']} unreachable, e.g. {s['unreachable_examples']})" if s["unreachable_keys"] else ""
-            lines.append(f"    keys             {s['keys']}{unreachable}; start {s['start_token_id']}, end {s['end_token_id']}, sep {s['sep']!r}")
+            unreachable = ""
+            if s["unreachable_keys"]:
+                unreachable = f" ({s['unreachable_keys']} unreachable, e.g. {s['unreachable_examples']})"
+            ids = f"start {s['start_token_id']}, end {s['end_token_id']}, sep {s['sep']!r}"
+            lines.append(f"    keys             {s['keys']}{unreachable}; {ids}")
         else:
-            lines.append(f"    sequences        {s['sequences']} ({s['terminal_nodes']} distinct ends); end {s['end_token_id']}")
+            ends = f"{s['terminal_nodes']} distinct ends"
+            lines.append(f"    sequences        {s['sequences']} ({ends}); end {s['end_token_id']}")
         lines.append(f"    nodes            {s['nodes']} (+ error and finished states)")
         lines.append(f"    depth            {s['max_depth']}")
         lines.append(f"    transitions      {s['transitions']}; allowed entries {s['allowed_entries']}")

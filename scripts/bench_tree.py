@@ -191,7 +191,7 @@ def bench_vocab(vocab: int, config: dict, items, xgr_items, repeats: int, with_b
 
 
 def bench_compile(n_entries: int, repeats: int) -> dict:
-    items = make_catalog(max(1, int(n_entries / 3.8)), seed=2)
+    items = make_catalog(max(1, int(n_entries / 3.6)), seed=2)
     config = prefix_dict_config(items)
     text = json.dumps(config)
     times = []

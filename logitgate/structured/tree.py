@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ import torch
 from ..backends import Backend, get_backend
 from ..backends.reference import gather_csr_rows
 from .compile_cache import LRUCache, content_hash
-from .tree_graph import CODE_SHIFT, CompiledTree, compile_graph, prefix_dict_graph, sequences_graph
+from .tree_graph import CODE_SHIFT, CompiledTree, TreeGraph, compile_graph, prefix_dict_graph, sequences_graph
 from .tree_loaders import (
     INT32_MAX,
     PrefixDictSpec,
@@ -49,9 +50,23 @@ _DENSE_BUILD_ENTRIES = 1 << 22  # padded entries per chunk when building the den
 _cache: LRUCache[TreeDFA] = LRUCache(DEFAULT_CACHE_SIZE)
 
 
-def _backend_key(backend: Backend) -> tuple:
-    # The cached tree holds its backend, so the id cannot be reused while the entry lives.
-    return (type(backend).__qualname__, backend.name, str(backend.device), id(backend))
+@dataclass(frozen=True)
+class _Options:
+    """What besides the tree's content decides the compiled form (and so the cache key)."""
+
+    vocab_size: int | None
+    dense_min_width: int
+    dense_budget_bytes: int
+    backend: Backend
+
+    def key(self) -> tuple:
+        # The cached tree holds its backend, so the id cannot be reused while the entry lives.
+        b = self.backend
+        backend_key = (type(b).__qualname__, str(b.device), id(b))
+        return (self.vocab_size, self.dense_min_width, self.dense_budget_bytes, backend_key)
+
+    def compile(self, graph: TreeGraph, end_token_id: int) -> CompiledTree:
+        return compile_graph(graph, end_token_id, self.vocab_size, self.dense_min_width, self.dense_budget_bytes)
 
 
 class TreeDFA:
@@ -100,8 +115,9 @@ class TreeDFA:
         for lo in range(0, len(dense_nodes), chunk):
             part = nodes[lo : lo + chunk]
             width = int(widths[dense_nodes[lo : lo + chunk]].max())
+            out = rows[1 + lo : 1 + lo + len(part)]
             self.backend.fill_tree_bitmask(
-                rows[1 + lo : 1 + lo + len(part)], part, self._allow_start, self._allow_tok, self._width, width, None, None
+                out, part, self._allow_start, self._allow_tok, self._width, width, None, None
             )
         return rows, torch.from_numpy(slot).to(self.device)
 
@@ -122,9 +138,8 @@ class TreeDFA:
         """An RTP-LLM tree-decode config: a path, a JSON string or a dict with `start_token_id`,
         `end_token_id`, `sep` (default "_") and `prefix_dict` ("225_64000": [64001, 64002], ...).
         Semantics are RTP-LLM's exactly; unreachable keys are dropped (counted in `stats()`)."""
-        backend = get_backend(device)
+        opts = _Options(vocab_size, dense_min_width, dense_budget_bytes, get_backend(device))
         check_vocab_size(vocab_size)
-        opts = (vocab_size, dense_min_width, dense_budget_bytes, _backend_key(backend))
         obj, raw, where = read_json_source(config, "prefix dict config")
 
         def build(spec: PrefixDictSpec) -> TreeDFA:
@@ -135,16 +150,16 @@ class TreeDFA:
                     "intermediate key, or a token after the end token), e.g. %s",
                     graph.info["unreachable_keys"], graph.info["keys"], graph.info["unreachable_examples"],
                 )
-            compiled = compile_graph(graph, spec.end_token_id, vocab_size, dense_min_width, dense_budget_bytes)
+            compiled = opts.compile(graph, spec.end_token_id)
             compiled.info.update(start_token_id=spec.start_token_id, sep=spec.sep)
-            return cls(compiled, kind="prefix_dict", backend=backend, vocab_size=vocab_size)
+            return cls(compiled, kind="prefix_dict", backend=opts.backend, vocab_size=vocab_size)
 
         if raw is not None:  # hash the text first: a cache hit skips parsing too
-            key = ("prefix_dict", content_hash(raw), opts)
+            key = ("prefix_dict", content_hash(raw), opts.key())
             return cls._cached(key, lambda: build(parse_prefix_dict(parse_json_bytes(raw, where), vocab_size)), cache)
         spec = parse_prefix_dict(obj, vocab_size)
         arrays = (spec.part_ids, spec.part_offsets, spec.cand_ids, spec.cand_offsets)
-        key = ("prefix_dict", content_hash(spec.start_token_id, spec.end_token_id, spec.sep, *arrays), opts)
+        key = ("prefix_dict", content_hash(spec.start_token_id, spec.end_token_id, spec.sep, *arrays), opts.key())
         return cls._cached(key, lambda: build(spec), cache)
 
     @classmethod
@@ -164,9 +179,9 @@ class TreeDFA:
         token is allowed too (a sequence that is a prefix of another both ends and continues); a
         completed sequence with no continuation allows only the end token. `names` label the
         sequences in error messages."""
-        backend = get_backend(device)
+        opts = _Options(vocab_size, dense_min_width, dense_budget_bytes, get_backend(device))
         spec = parse_sequences(sequences, end_token_id, vocab_size, names)
-        return cls._from_spec(spec, "sequences", end_token_id, vocab_size, backend, dense_min_width, dense_budget_bytes, cache)
+        return cls._from_spec(spec, "sequences", end_token_id, opts, cache)
 
     @classmethod
     def from_token_trie(
@@ -185,11 +200,11 @@ class TreeDFA:
         """A TokenTreePayload ({"modelId", "descriptors": [{"path", "leaves": [{"name", "tokens"}]}]}),
         as a path, JSON string or dict. `path=` picks the descriptor when there are several;
         `model_id=` rejects a payload built for another model. Leaves behave as `from_sequences`."""
-        backend = get_backend(device)
+        opts = _Options(vocab_size, dense_min_width, dense_budget_bytes, get_backend(device))
         parsed = parse_token_trie(payload, path=path, model_id=model_id)
         where = f"token trie payload (model {parsed.model_id!r}, path {parsed.path!r})"
         spec = parse_sequences(parsed.sequences, end_token_id, vocab_size, parsed.names, what=where)
-        return cls._from_spec(spec, "token_trie", end_token_id, vocab_size, backend, dense_min_width, dense_budget_bytes, cache)
+        return cls._from_spec(spec, "token_trie", end_token_id, opts, cache)
 
     @classmethod
     def from_strings(
@@ -210,13 +225,13 @@ class TreeDFA:
         )
 
     @classmethod
-    def _from_spec(cls, spec: SequenceSpec, kind, end_token_id, vocab_size, backend, dense_min_width, dense_budget_bytes, cache):
+    def _from_spec(cls, spec: SequenceSpec, kind: str, end_token_id: int, opts: _Options, cache: bool) -> TreeDFA:
         end = int(end_token_id)
-        key = (kind, content_hash(spec.token_ids, spec.offsets, end), vocab_size, dense_min_width, dense_budget_bytes, _backend_key(backend))
+        key = (kind, content_hash(spec.token_ids, spec.offsets, end), opts.key())
 
         def build() -> TreeDFA:
-            compiled = compile_graph(sequences_graph(spec, end), end, vocab_size, dense_min_width, dense_budget_bytes)
-            return cls(compiled, kind=kind, backend=backend, vocab_size=vocab_size)
+            compiled = opts.compile(sequences_graph(spec, end), end)
+            return cls(compiled, kind=kind, backend=opts.backend, vocab_size=opts.vocab_size)
 
         return cls._cached(key, build, cache)
 
@@ -364,7 +379,8 @@ class TreeDFA:
     # introspection
 
     def _device_tensors(self) -> list[torch.Tensor]:
-        tensors = [self._trans_code, self._trans_dst, self._allow_start, self._allow_tok, self._width, self._fill_width, self._frozen]
+        tensors = [self._trans_code, self._trans_dst, self._allow_start, self._allow_tok, self._width]
+        tensors += [self._fill_width, self._frozen]
         return tensors + ([self._dense_rows, self._dense_slot] if self._dense_rows is not None else [])
 
     def stats(self) -> dict[str, Any]:

@@ -6,6 +6,8 @@ import re
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from logitgate import TreeDFA
 from logitgate.structured.compile_cache import LRUCache, content_hash
@@ -295,3 +297,24 @@ def test_content_hash_distinguishes_boundaries_and_dtypes():
     assert content_hash(b"x", 1, None) == content_hash(b"x", 1, None)
     with pytest.raises(TypeError):
         content_hash(object())
+
+
+@given(
+    keys=st.lists(st.text(alphabet="0123456789_-x é", max_size=12), max_size=8, unique=True),
+    sep=st.sampled_from(["_", "-", "__", " "]),
+)
+def test_vectorised_key_parse_agrees_with_split_and_int(keys, sep):
+    config = {"start_token_id": 1, "end_token_id": 2, "sep": sep, "prefix_dict": {k: [3] for k in keys}}
+
+    def canonical(part):
+        return part.isascii() and part.isdigit() and (part == "0" or part[0] != "0") and int(part) <= 2**31 - 1
+
+    if all(canonical(p) for k in keys for p in k.split(sep)):
+        spec = parse_prefix_dict(config)
+        parts = [int(p) for k in keys for p in k.split(sep)]
+        assert spec.part_ids.tolist() == parts
+        assert spec.part_offsets.tolist() == np.cumsum([0] + [len(k.split(sep)) for k in keys]).tolist()
+    else:
+        with pytest.raises(ValueError, match="prefix_dict key"):
+            parse_prefix_dict(config)
+        assert prefix_dict_problems(config)
