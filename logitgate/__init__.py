@@ -13,6 +13,7 @@ from .structured.bitmask import (
 from .structured.manager import StructuredOutputManager
 from .structured.params import StructuredOutputsParams
 from .structured.speculative import apply_grammar_bitmask, strip_speculative_padding
+from .structured.tree import TreeDFA
 
 __version__ = "0.1.0"
 
@@ -21,6 +22,7 @@ __all__ = [
     "Capabilities",
     "StructuredOutputManager",
     "StructuredOutputsParams",
+    "TreeDFA",
     "__version__",
     "allocate_token_bitmask",
     "apply_grammar_bitmask",

@@ -5,6 +5,8 @@ import argparse
 import json
 import sys
 
+from .tree_cli import register as register_tree_commands
+
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor import format_report, report
@@ -59,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="fewer repeats and shapes")
     bench.add_argument("--device", default=None, help="LOGITGATE_DEVICE for the benchmarks")
     bench.set_defaults(func=_cmd_bench)
+    register_tree_commands(sub)
     return parser
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from .reference import fill_tree_bitmask_reference
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -51,6 +53,21 @@ class Backend(ABC):
     ) -> None:
         """In place: logits[r, t] = -inf where bit t of bitmask[r] is 0, for t < vocab_size and each
         selected row r (`rows` selects rows of both tensors; None = all rows)."""
+
+    def fill_tree_bitmask(
+        self,
+        bitmask: torch.Tensor,
+        states: torch.Tensor,
+        allow_start: torch.Tensor,
+        allow_tok: torch.Tensor,
+        fill_width: torch.Tensor,
+        max_width: int,
+        dense_rows: torch.Tensor | None,
+        dense_slot: torch.Tensor | None,
+    ) -> None:
+        """bitmask[r] := the allowed tokens of tree state states[r] (see
+        reference.fill_tree_bitmask_reference); on the device, no host sync."""
+        fill_tree_bitmask_reference(bitmask, states, allow_start, allow_tok, fill_width, max_width, dense_rows, dense_slot)
 
     # ---- streams: where work that must not block the decode step is queued ----
 

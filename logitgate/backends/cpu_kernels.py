@@ -38,8 +38,7 @@ def _apply_bitmask_kernel(bits, bitmask, logit_rows, mask_rows, vocab_size, neg_
             base = w * 32
             end = min(base + 32, vocab_size)
             if word == 0:
-                for t in range(base, end):
-                    bits[lr, t] = neg_inf
+                bits[lr, base:end] = neg_inf  # a slice store vectorises; a scalar loop does not
             else:
                 for t in range(base, end):
                     if (word >> (t - base)) & 1 == 0:

@@ -13,6 +13,7 @@ from .manager import RequestStatus, StructuredOutputManager
 from .params import StructuredOutputsParams
 from .registry import available_grammar_backends, get_grammar_backend_factory, register_grammar_backend
 from .speculative import apply_grammar_bitmask, grammar_bitmask_rows, strip_speculative_padding
+from .tree import TreeDFA
 
 __all__ = [
     "BaseGrammarBackend",
@@ -21,6 +22,7 @@ __all__ = [
     "RequestStatus",
     "StructuredOutputManager",
     "StructuredOutputsParams",
+    "TreeDFA",
     "allocate_token_bitmask",
     "apply_grammar_bitmask",
     "apply_token_bitmask_inplace",

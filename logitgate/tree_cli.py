@@ -1,0 +1,136 @@
+"""`logitgate tree inspect FILE [--vocab-size N]`: what a tree-decode file compiles to (nodes, depth,
+branching histogram, memory) or every validation error, each naming its key / leaf / token.
+
+FILE is an RTP-LLM prefix-dict config, a TokenTreePayload (needs --end-token-id) or a JSON list of
+token sequences (needs --end-token-id). Exit status: 0 valid, 1 validation errors, 2 unusable input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add the `tree` command group to the top-level parser's subparsers."""
+    tree = subparsers.add_parser("tree", help="tree-decode tools (inspect a prefix dict / token trie)")
+    tree_sub = tree.add_subparsers(dest="tree_command", required=True)
+    inspect = tree_sub.add_parser("inspect", help="validate a tree file and print its compiled size and shape")
+    inspect.add_argument("file", help="prefix-dict config, TokenTreePayload or JSON list of token sequences")
+    inspect.add_argument("--vocab-size", type=int, default=None, help="reject token ids >= N")
+    inspect.add_argument("--end-token-id", type=int, default=None, help="end token (token tries and sequences)")
+    inspect.add_argument("--path", default=None, help="TokenTreePayload descriptor path (default: all)")
+    inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    inspect.set_defaults(func=cmd_inspect)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    report = inspect_file(args.file, vocab_size=args.vocab_size, end_token_id=args.end_token_id, path=args.path)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 1 if any(tree["errors"] for tree in report["trees"]) else 0
+
+
+def inspect_file(
+    file: str, *, vocab_size: int | None = None, end_token_id: int | None = None, path: str | None = None
+) -> dict[str, Any]:
+    """{"file", "format", "trees": [{"name", "errors", "stats"}]}; raises ValueError when the file
+    cannot be read or its format needs an option that is missing."""
+    from .structured.tree_loaders import check_vocab_size, load_json, prefix_dict_problems
+
+    check_vocab_size(vocab_size)
+    obj, _ = load_json(file, "tree file")
+    if isinstance(obj, dict) and "prefix_dict" in obj:
+        errors = prefix_dict_problems(obj, vocab_size)
+        tree = _inspect_one(
+            "prefix dict", errors, lambda cls: cls.from_prefix_dict(obj, vocab_size=vocab_size, device="cpu", cache=False)
+        )
+        return {"file": file, "format": "rtp-llm prefix dict", "trees": [tree]}
+    if end_token_id is None:
+        raise ValueError("token tries and sequence lists have no end token: pass --end-token-id")
+    if isinstance(obj, dict) and "descriptors" in obj:
+        return {"file": file, "format": "TokenTreePayload", "model_id": obj.get("modelId"),
+                "trees": _inspect_payload(obj, end_token_id, vocab_size, path)}
+    if isinstance(obj, list):
+        tree = _inspect_sequences("sequences", obj, None, end_token_id, vocab_size)
+        return {"file": file, "format": "token sequences", "trees": [tree]}
+    raise ValueError("tree file is neither a prefix-dict config, a TokenTreePayload nor a list of token sequences")
+
+
+def _inspect_payload(obj: dict, end_token_id: int, vocab_size: int | None, path: str | None) -> list[dict]:
+    from .structured.tree_loaders import parse_token_trie
+
+    descriptors = obj.get("descriptors")
+    if path is None and isinstance(descriptors, list) and len(descriptors) > 1:  # inspect each one
+        paths = list(dict.fromkeys(d.get("path") for d in descriptors if isinstance(d, dict)))
+    else:
+        paths = [path]
+    trees = []
+    for p in paths:
+        try:
+            parsed = parse_token_trie(obj, path=p)
+        except ValueError as exc:
+            trees.append({"name": f"descriptor {p!r}", "errors": [str(exc)], "stats": None})
+            continue
+        name = f"descriptor {parsed.path!r}"
+        trees.append(_inspect_sequences(name, parsed.sequences, parsed.names, end_token_id, vocab_size))
+    return trees
+
+
+def _inspect_sequences(
+    name: str, sequences: list, names: list[str] | None, end_token_id: int, vocab_size: int | None
+) -> dict:
+    from .structured.tree_loaders import check_token_id, sequence_problems
+
+    try:
+        check_token_id(end_token_id, "end_token_id", vocab_size)
+        errors = sequence_problems(sequences, end_token_id, vocab_size, names)
+        errors = errors or ([] if sequences else ["no sequences"])
+    except ValueError as exc:
+        errors = [str(exc)]
+    return _inspect_one(name, errors, lambda tree_cls: tree_cls.from_sequences(
+        sequences, end_token_id=end_token_id, vocab_size=vocab_size, names=names, device="cpu", cache=False))
+
+
+def _inspect_one(name: str, errors: list[str], build) -> dict:
+    from .structured.tree import TreeDFA
+
+    return {"name": name, "errors": errors, "stats": None if errors else build(TreeDFA).stats()}
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def format_report(report: dict[str, Any]) -> str:
+    model = f" (modelId {report['model_id']!r})" if report.get("model_id") else ""
+    lines = [f"{report['file']}: {report['format']}{model}"]
+    for tree in report["trees"]:
+        lines.append(f"  {tree['name']}:")
+        if tree["errors"]:
+            lines.append(f"    {len(tree['errors'])} validation error(s):")
+            lines.extend(f"      {err}" for err in tree["errors"])
+            continue
+        s = tree["stats"]
+        if "keys" in s:
+            unreachable = ""
+            if s["unreachable_keys"]:
+                unreachable = f" ({s['unreachable_keys']} unreachable, e.g. {s['unreachable_examples']})"
+            ids = f"start {s['start_token_id']}, end {s['end_token_id']}, sep {s['sep']!r}"
+            lines.append(f"    keys             {s['keys']}{unreachable}; {ids}")
+        else:
+            ends = f"{s['terminal_nodes']} distinct ends"
+            lines.append(f"    sequences        {s['sequences']} ({ends}); end {s['end_token_id']}")
+        lines.append(f"    nodes            {s['nodes']} (+ error and finished states)")
+        lines.append(f"    depth            {s['max_depth']}")
+        lines.append(f"    transitions      {s['transitions']}; allowed entries {s['allowed_entries']}")
+        lines.append(f"    max width        {s['max_width']} (sparse fill width {s['sparse_fill_width']})")
+        lines.append("    branching        " + "  ".join(f"{k}: {v}" for k, v in s["branching"].items()))
+        lines.append(
+            f"    memory           {_bytes(s['device_bytes'])} on {s['device']} ({s['bytes_per_node']:.1f} bytes/node; "
+            f"{s['dense_rows']} dense bitmask rows, {_bytes(s['dense_bytes'])})"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,69 @@
+"""`logitgate tree inspect`: sizes and shape of a valid tree, every validation error with its key."""
+import json
+
+import pytest
+
+from logitgate.cli import main
+
+PREFIX = {"start_token_id": 225, "end_token_id": 2, "prefix_dict": {"225": [64000, 64005], "225_64000": [64001, 2], "226_5": [1]}}
+PAYLOAD = {
+    "modelId": "m1",
+    "descriptors": [
+        {"path": "action", "leaves": [{"name": "THINK", "tokens": [100, 101]}, {"name": "EXECUTE", "tokens": [200]}]},
+        {"path": "mode", "leaves": [{"name": "fast", "tokens": [300]}, {"name": "bad", "tokens": [300, -1]}]},
+    ],
+}
+
+
+@pytest.fixture
+def write(tmp_path):
+    def _write(obj, name="tree.json"):
+        path = tmp_path / name
+        path.write_text(json.dumps(obj))
+        return str(path)
+
+    return _write
+
+
+def test_inspect_valid_prefix_dict(write, capsys):
+    assert main(["tree", "inspect", write(PREFIX)]) == 0
+    out = capsys.readouterr().out
+    assert "rtp-llm prefix dict" in out
+    assert "keys             3 (1 unreachable, e.g. ['226_5']); start 225, end 2, sep '_'" in out
+    assert "nodes            2 (+ error and finished states)" in out
+    assert "depth            1" in out
+    assert "branching        2: 2" in out
+    assert "bytes/node" in out
+
+
+def test_inspect_lists_every_error_with_its_key(write, capsys):
+    bad = {**PREFIX, "prefix_dict": {"225_x": [1], "225": [64000, "a"], "225_64000": [64001]}}
+    assert main(["tree", "inspect", write(bad), "--vocab-size", "64001"]) == 1
+    out = capsys.readouterr().out
+    assert "3 validation error(s)" in out
+    assert "prefix_dict key '225_x': part 'x' is not a token id" in out
+    assert "prefix_dict key '225': candidate 'a' is not an integer token id" in out
+    assert "prefix_dict key '225_64000': candidate 64001 is >= vocab_size 64001" in out
+
+
+def test_inspect_token_trie_payload_per_descriptor(write, capsys):
+    path = write(PAYLOAD)
+    assert main(["tree", "inspect", path]) == 2
+    assert "pass --end-token-id" in capsys.readouterr().err
+    assert main(["tree", "inspect", path, "--end-token-id", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "TokenTreePayload (modelId 'm1')" in out and "descriptor 'action':" in out
+    assert "sequences        2 (2 distinct ends); end 0" in out
+    assert "sequence 1 (leaf 'bad'): token -1 at position 1 is negative" in out
+    assert main(["tree", "inspect", path, "--end-token-id", "0", "--path", "action", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["trees"][0]["stats"]["nodes"] == 4 and report["trees"][0]["errors"] == []
+
+
+def test_inspect_sequences_and_unusable_files(write, tmp_path, capsys):
+    assert main(["tree", "inspect", write([[1, 2], [1, 3]], "seqs.json"), "--end-token-id", "0"]) == 0
+    assert "token sequences" in capsys.readouterr().out
+    assert main(["tree", "inspect", str(tmp_path / "missing.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["tree", "inspect", write({"a": 1}, "other.json"), "--end-token-id", "0"]) == 2
+    assert "neither a prefix-dict config" in capsys.readouterr().err
