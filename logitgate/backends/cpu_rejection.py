@@ -120,65 +120,100 @@ def _random_accept_kernel(
         accepted[r] = count
 
 
+_SEARCH_BLOCK = 256  # tokens per block of the inverse-CDF search (block sums skip most of the row)
+
+
 @numba.njit(fastmath=_FAST, cache=True, nogil=True)
-def _weight(t, d, j, x, valid, has_draft_probs):  # pragma: no cover - jitted
-    """The residual weight of token j given its target prob t (see recovery_weights_reference)."""
-    if not valid:
-        return t
-    w = (t - d) if has_draft_probs else (t if j != x else np.float32(0.0))
-    return w if w > 0 else np.float32(0.0)
+def _target_row(row, temperature, lse, out):  # pragma: no cover - jitted
+    """out = softmax(row / temperature) given its logsumexp (NaN -> 0); returns the sum."""
+    total = 0.0
+    for j in range(row.shape[0]):
+        t = exp_nonpositive(row[j] / temperature - lse)
+        t = t if t > 0 else np.float32(0.0)
+        out[j] = t
+        total += np.float64(t)
+    return total
+
+
+@numba.njit(fastmath=_FAST, cache=True, nogil=True)
+def _residual_row(row, temperature, lse, dprobs, out):  # pragma: no cover - jitted
+    """out = max(softmax(row / temperature) - dprobs, 0) (NaN -> 0); returns the sum."""
+    total = 0.0
+    for j in range(row.shape[0]):
+        t = exp_nonpositive(row[j] / temperature - lse)
+        w = (t if t > 0 else np.float32(0.0)) - dprobs[j]
+        w = w if w > 0 else np.float32(0.0)
+        out[j] = w
+        total += np.float64(w)
+    return total
+
+
+@numba.njit(fastmath=_FAST, cache=True, nogil=True)
+def _block_sum(weights, start, stop):  # pragma: no cover - jitted
+    total = 0.0
+    for j in range(start, stop):
+        total += np.float64(weights[j])
+    return total
+
+
+@numba.njit(cache=True, nogil=True)
+def _inverse_cdf(weights, total, u):  # pragma: no cover - jitted
+    """The first token whose cumulative weight exceeds u * total (zero weights never chosen)."""
+    vocab = weights.shape[0]
+    needle = u * total
+    cum = 0.0
+    for start in range(0, vocab, _SEARCH_BLOCK):
+        stop = min(start + _SEARCH_BLOCK, vocab)
+        block = _block_sum(weights, start, stop)
+        if cum + block <= needle:
+            cum += block
+            continue
+        for j in range(start, stop):
+            w = weights[j]
+            if w > 0:
+                cum += np.float64(w)
+                if cum > needle:
+                    return j
+    for j in range(vocab - 1, -1, -1):  # u * total rounded up to the total: the last positive weight
+        if weights[j] > 0:
+            return j
+    return 0
+
+
+@numba.njit(cache=True, nogil=True)
+def _recover_row(row, temperature, lse, dprobs, has_draft_probs, x, u):  # pragma: no cover - jitted
+    """The recovered token of one rejected row (weights as in recovery_weights_reference)."""
+    vocab = row.shape[0]
+    weights = np.empty(vocab, dtype=np.float32)
+    valid = 0 <= x < vocab
+    if valid and has_draft_probs:
+        total = _residual_row(row, temperature, lse, dprobs, weights)
+    else:
+        total = _target_row(row, temperature, lse, weights)
+        if valid:  # n-gram draft: the target without the drafted token
+            total -= np.float64(weights[x])
+            weights[x] = 0.0
+    if not total > 0:  # nothing left to correct (or NaN): sample the target itself
+        total = _target_row(row, temperature, lse, weights)
+    if not total > 0:
+        return 0
+    return _inverse_cdf(weights, total, u)
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _recover_kernel(
     cu, drafts, logits, temperature, draft_probs, has_draft_probs, accepted, row_lse, uniform, active, out
 ):  # pragma: no cover - jitted
-    vocab = logits.shape[1]
     for r in numba.prange(cu.shape[0]):
         out[r] = 0
         start = cu[r - 1] if r > 0 else 0
         if not active[r] or start + accepted[r] >= cu[r]:
             continue
         i = start + accepted[r]
-        out[r] = _inverse_cdf_row(logits[i], temperature[i], np.float32(row_lse[r]), draft_probs[i if has_draft_probs else 0],
-                                  has_draft_probs, drafts[i], uniform[r], vocab)
-
-
-@numba.njit(fastmath=_FAST, cache=True, nogil=True)
-def _weight_totals(row, temperature, lse, dprobs, has_draft_probs, x, valid):  # pragma: no cover - jitted
-    residual_total = 0.0
-    target_total = 0.0
-    for j in range(row.shape[0]):
-        t = exp_nonpositive(row[j] / temperature - lse)
-        t = t if t > 0 else np.float32(0.0)
-        d = dprobs[j] if has_draft_probs else np.float32(0.0)
-        residual_total += np.float64(_weight(t, d, j, x, valid, has_draft_probs))
-        target_total += np.float64(t)
-    return residual_total, target_total
-
-
-@numba.njit(cache=True, nogil=True)
-def _inverse_cdf_row(row, temperature, lse, dprobs, has_draft_probs, x, u, vocab):  # pragma: no cover - jitted
-    valid = 0 <= x < vocab
-    residual_total, target_total = _weight_totals(row, temperature, lse, dprobs, has_draft_probs, x, valid)
-    use_target = not residual_total > 0  # nothing left to correct (or NaN): sample the target
-    total = target_total if use_target else residual_total
-    if not total > 0:
-        return 0
-    needle = u * total
-    cum = 0.0
-    last_positive = 0
-    for j in range(vocab):
-        t = exp_nonpositive(row[j] / temperature - lse)
-        t = t if t > 0 else np.float32(0.0)
-        if not use_target:
-            t = _weight(t, dprobs[j] if has_draft_probs else np.float32(0.0), j, x, valid, has_draft_probs)
-        if t > 0:
-            cum += np.float64(t)
-            last_positive = j
-            if cum > needle:
-                return j
-    return last_positive  # u * total rounded up to the total
+        out[r] = _recover_row(
+            logits[i], temperature[i], np.float32(row_lse[r]), draft_probs[i if has_draft_probs else 0],
+            has_draft_probs, drafts[i], uniform[r],
+        )
 
 
 # ---- torch entry points (2-D contiguous float32 views; inputs validated by the caller) ----

@@ -216,15 +216,14 @@ def rejection_recover_exponential_reference(needed: torch.Tensor, weights: torch
 
 
 def rejection_output_reference(
-    cu_num_draft_tokens: torch.Tensor,
+    starts: torch.Tensor,
     draft_token_ids: torch.Tensor,
     accepted: torch.Tensor,
     final_token: torch.Tensor,
     width: int,
 ) -> torch.Tensor:
-    """int32 (B, width): the accepted drafts, then final_token (the correction, or the bonus when
-    every draft was accepted), then -1."""
-    starts, _, _ = spec_layout(cu_num_draft_tokens, draft_token_ids.numel())
+    """int32 (B, width): the accepted drafts (request r's start at starts[r]), then final_token
+    (the correction, or the bonus when every draft was accepted), then -1."""
     positions = torch.arange(width, device=accepted.device).unsqueeze(0)
     accepted = accepted.to(torch.int64).unsqueeze(-1)
     out = torch.full((accepted.shape[0], width), -1, dtype=torch.int32, device=accepted.device)

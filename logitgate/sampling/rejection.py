@@ -15,10 +15,11 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..backends import Backend, backend_for_tensor
-from ..backends.reference import rejection_output_reference, spec_layout, tempered_logits
+from ..backends.reference import rejection_output_reference, tempered_logits
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,9 @@ class _Batch:
 
     counts: list[int]
     cu: torch.Tensor  # int32 (B,) end offsets
+    starts: torch.Tensor  # int64 (B,)
+    count_tensor: torch.Tensor  # int64 (B,)
+    token_request: torch.Tensor  # int64 (N,): the request of each draft
     draft_token_ids: torch.Tensor
     target_logits: torch.Tensor
     bonus: torch.Tensor  # (B,)
@@ -99,7 +103,7 @@ def rejection_sample(
     if num_tokens == 0 or not has_random:
         return _verify(be, batch, None, None, None, None, None)[0]
 
-    _, _, token_request = spec_layout(batch.cu, num_tokens)
+    token_request = batch.token_request
     is_greedy = (temperature == 0) if has_greedy else None
     token_temperature = temperature[token_request]
     token_temperature = torch.where(token_temperature == 0, 1.0, token_temperature)  # greedy rows: unused
@@ -131,10 +135,9 @@ def _verify(
     """(output, accepted drafts per request). `logits is None` means every request is greedy;
     otherwise `is_greedy` (None = no greedy request) selects the greedy ones and the rest are
     verified randomly against `logits` (raw or processed) with the pre-drawn `uniform` / `noise`."""
-    counts = spec_layout(batch.cu, batch.draft_token_ids.numel())[1]
     if batch.draft_token_ids.numel() == 0:
         accepted = torch.zeros(batch.batch_size, dtype=torch.int32, device=batch.cu.device)
-        return rejection_output_reference(batch.cu, batch.draft_token_ids, accepted, batch.bonus, batch.width), accepted
+        return rejection_output_reference(batch.starts, batch.draft_token_ids, accepted, batch.bonus, batch.width), accepted
     greedy_result = None
     if logits is None or is_greedy is not None:
         greedy_result = be.rejection_greedy_accept(batch.cu, batch.draft_token_ids, batch.target_logits, is_greedy)
@@ -154,8 +157,8 @@ def _verify(
         if greedy_result is not None:
             accepted = torch.where(is_greedy, greedy_result[0], accepted)
             correction = torch.where(is_greedy, greedy_result[1], correction)
-    final = torch.where(accepted.to(torch.int64) < counts, correction.to(torch.int64), batch.bonus.to(torch.int64))
-    return rejection_output_reference(batch.cu, batch.draft_token_ids, accepted, final, batch.width), accepted
+    final = torch.where(accepted.to(torch.int64) < batch.count_tensor, correction.to(torch.int64), batch.bonus.to(torch.int64))
+    return rejection_output_reference(batch.starts, batch.draft_token_ids, accepted, final, batch.width), accepted
 
 
 # ---- random numbers (drawn here, so the kernels stay pure functions of their inputs) ----
@@ -263,16 +266,21 @@ def _check_batch(draft_token_ids, num_draft_tokens, target_logits, bonus_token_i
             raise ValueError(f"draft_probs has shape {tuple(draft_probs.shape)} but target_logits {tuple(target_logits.shape)}")
         if draft_probs.device != device:
             raise ValueError(f"draft_probs are on {draft_probs.device} but target_logits on {device}")
-    cu = torch.tensor(_cumsum(counts), dtype=torch.int32).to(device, non_blocking=True)
-    return _Batch(counts, cu, draft_token_ids, target_logits, bonus, draft_probs, max(counts, default=0) + 1)
+    cu, starts, count_tensor, token_request = host_spec_layout(counts, device)
+    return _Batch(
+        counts, cu, starts, count_tensor, token_request, draft_token_ids, target_logits, bonus, draft_probs,
+        max(counts, default=0) + 1,
+    )
 
 
-def _cumsum(counts: Sequence[int]) -> list[int]:
-    total, out = 0, []
-    for count in counts:
-        total += count
-        out.append(total)
-    return out
+def host_spec_layout(counts: Sequence[int], device: torch.device):
+    """(cu int32, starts, counts, request of each token) built on the host from the counts and
+    copied without a sync. numpy, not torch: torch's small parallel ops (searchsorted,
+    repeat_interleave) stall for milliseconds on a busy CPU behind numba's OpenMP threads."""
+    sizes = np.asarray(counts, dtype=np.int64)
+    ends = np.cumsum(sizes)
+    host = (ends.astype(np.int32), ends - sizes, sizes, np.repeat(np.arange(len(sizes), dtype=np.int64), sizes))
+    return tuple(torch.from_numpy(a).to(device, non_blocking=True) for a in host)
 
 
 def _check_generators(generators, batch_size: int, device: torch.device) -> dict[int, torch.Generator]:

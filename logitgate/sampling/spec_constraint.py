@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 
 from ..backends import Backend
-from ..backends.reference import BITS_PER_WORD, leading_true_counts, spec_layout
+from ..backends.reference import BITS_PER_WORD, leading_true_counts
 from ..structured.bitmask import apply_token_bitmask_inplace
-from .rejection import check_num_draft_tokens
+from .rejection import check_num_draft_tokens, host_spec_layout
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +88,7 @@ def constrain_spec_logits(
     apply_token_bitmask_inplace(
         logits, bitmask, vocab_size=min(vocab, bitmask.shape[-1] * BITS_PER_WORD), backend=backend
     )
-    cu = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).to(logits.device, non_blocking=True)
-    _, _, token_request = spec_layout(cu, num_tokens)
+    cu, _, _, token_request = host_spec_layout(counts, logits.device)
     # Row of draft t of request r in the (N + B) layout: t + r (r bonus rows precede it); bonus row: cu[r] + r.
     draft_rows = torch.arange(num_tokens, device=logits.device) + token_request
     bonus_rows = cu.to(torch.int64) + torch.arange(batch, device=logits.device)

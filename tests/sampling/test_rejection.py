@@ -185,8 +185,8 @@ def test_seeded_requests_are_deterministic(backend):
             generators=gens, backend=backend,
         )
 
-    first = [run(seed, global_seed=seed) for seed in range(30)]
-    again = [run(seed, global_seed=1000 + seed) for seed in range(30)]  # the global RNG does not matter
+    first = [run(seed, global_seed=seed) for seed in range(12)]
+    again = [run(seed, global_seed=1000 + seed) for seed in range(12)]  # the global RNG does not matter
     for a, b in zip(first, again):
         assert torch.equal(a[[0, 2]], b[[0, 2]])
     assert len({tuple(o[0].tolist()) for o in first}) > 1  # different seeds, different outcomes

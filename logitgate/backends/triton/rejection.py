@@ -205,6 +205,11 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _tile(block_v: int, vocab_size: int) -> int:
+    """No wider than the vocabulary (rounded up to a power of two): wider tiles only add masked lanes."""
+    return max(16, min(block_v, triton.next_power_of_2(vocab_size)))
+
+
 def greedy_accept_triton(cu, draft_token_ids, target_logits, active, *, grid: int, requests_per_program: int, block_v: int):
     batch = cu.numel()
     accepted = torch.zeros(batch, dtype=torch.int32, device=cu.device)
@@ -215,7 +220,7 @@ def greedy_accept_triton(cu, draft_token_ids, target_logits, active, *, grid: in
     _greedy_accept_kernel[(grid,)](
         cu, draft_token_ids.contiguous(), logits, active if active is not None else cu, accepted, correction,
         batch, logits.shape[-1], logits.stride(0),
-        HAS_ACTIVE=active is not None, REQUESTS_PER_PROGRAM=requests_per_program, BLOCK_V=block_v,
+        HAS_ACTIVE=active is not None, REQUESTS_PER_PROGRAM=requests_per_program, BLOCK_V=_tile(block_v, logits.shape[-1]),
     )
     return accepted, correction
 
@@ -237,7 +242,7 @@ def random_accept_triton(
         uniform.contiguous(), active if active is not None else cu, accepted, row_lse,
         batch, logits.shape[-1], logits.stride(0), probs.stride(0) if probs is not None else 0,
         HAS_TEMPERATURE=temperature is not None, HAS_DRAFT_PROBS=probs is not None, HAS_ACTIVE=active is not None,
-        REQUESTS_PER_PROGRAM=requests_per_program, BLOCK_V=block_v,
+        REQUESTS_PER_PROGRAM=requests_per_program, BLOCK_V=_tile(block_v, logits.shape[-1]),
     )
     return accepted, row_lse
 
@@ -260,6 +265,6 @@ def recover_triton(
         accepted.contiguous(), row_lse.contiguous(), noise, active if active is not None else cu, out,
         batch, logits.shape[-1], logits.stride(0), probs.stride(0) if probs is not None else 0, noise.stride(0),
         HAS_TEMPERATURE=temperature is not None, HAS_DRAFT_PROBS=probs is not None, HAS_ACTIVE=active is not None,
-        REQUESTS_PER_PROGRAM=requests_per_program, BLOCK_V=block_v,
+        REQUESTS_PER_PROGRAM=requests_per_program, BLOCK_V=_tile(block_v, logits.shape[-1]),
     )
     return out
