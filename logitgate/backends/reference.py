@@ -95,6 +95,18 @@ def _rows_at(cu_num_draft_tokens: torch.Tensor, accepted: torch.Tensor, num_toke
     return rows, rejected
 
 
+def _at_first_rejection(cu_num_draft_tokens, accepted, per_row, active, num_tokens):
+    """(accepted, per_row at each request's first rejected row) with 0 for requests that accepted
+    everything or are inactive."""
+    rows, rejected = _rows_at(cu_num_draft_tokens, accepted, num_tokens)
+    keep = rejected if active is None else rejected & active
+    zero = torch.zeros((), dtype=per_row.dtype, device=per_row.device)
+    value = torch.where(keep, per_row[rows], zero) if num_tokens else zero.expand(accepted.shape)
+    if active is not None:
+        accepted = torch.where(active, accepted, 0)
+    return accepted.to(torch.int32), value
+
+
 def rejection_greedy_accept_reference(
     cu_num_draft_tokens: torch.Tensor,
     draft_token_ids: torch.Tensor,
@@ -106,15 +118,10 @@ def rejection_greedy_accept_reference(
     accepted = leading drafts equal to the target argmax (torch.argmax semantics: first maximum,
     a NaN counts as the maximum); correction = the argmax at the first mismatch, 0 when every draft
     matched or the request is inactive (active False)."""
-    num_tokens = draft_token_ids.numel()
-    argmax = target_logits.float().argmax(-1) if num_tokens else draft_token_ids.new_zeros(0, dtype=torch.int64)
+    argmax = target_logits.float().argmax(-1)
     accepted = leading_true_counts(draft_token_ids.to(torch.int64) == argmax, cu_num_draft_tokens)
-    rows, rejected = _rows_at(cu_num_draft_tokens, accepted, num_tokens)
-    keep = rejected if active is None else rejected & active
-    correction = torch.where(keep, argmax[rows], 0) if num_tokens else torch.zeros_like(accepted, dtype=torch.int64)
-    if active is not None:
-        accepted = torch.where(active, accepted, 0)
-    return accepted.to(torch.int32), correction.to(torch.int32)
+    accepted, correction = _at_first_rejection(cu_num_draft_tokens, accepted, argmax, active, argmax.numel())
+    return accepted, correction.to(torch.int32)
 
 
 def rejection_random_accept_reference(
@@ -134,9 +141,6 @@ def rejection_random_accept_reference(
     logsumexp of the tempered logits at the first rejected row (0 when none / inactive), which
     `rejection_recover` needs to normalise that row without another pass."""
     num_tokens, vocab = target_logits.shape
-    accepted = torch.zeros(cu_num_draft_tokens.numel(), dtype=torch.int32, device=target_logits.device)
-    if num_tokens == 0:
-        return accepted, accepted.float()
     z = tempered_logits(target_logits, temperature)
     lse = z.logsumexp(-1)
     ids = draft_token_ids.to(torch.int64)
@@ -146,12 +150,8 @@ def rejection_random_accept_reference(
     draft_p = torch.ones_like(target_p) if draft_probs is None else draft_probs.gather(-1, safe).squeeze(-1).double()
     ok = valid & (draft_p > 0) & (target_p > 0) & (target_p / draft_p >= uniform)
     accepted = leading_true_counts(ok, cu_num_draft_tokens)
-    rows, rejected = _rows_at(cu_num_draft_tokens, accepted, num_tokens)
-    keep = rejected if active is None else rejected & active
-    row_lse = torch.where(keep, lse[rows], 0.0)
-    if active is not None:
-        accepted = torch.where(active, accepted, 0)
-    return accepted.to(torch.int32), row_lse.to(torch.float32)
+    accepted, row_lse = _at_first_rejection(cu_num_draft_tokens, accepted, lse, active, num_tokens)
+    return accepted, row_lse.to(torch.float32)
 
 
 def recovery_weights_reference(

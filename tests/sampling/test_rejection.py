@@ -192,6 +192,16 @@ def test_seeded_requests_are_deterministic(backend):
     assert len({tuple(o[0].tolist()) for o in first}) > 1  # different seeds, different outcomes
 
 
+def test_exponential_noise_is_drawn_on_the_side_stream():
+    from logitgate.backends.emulated import EmulatedNpuBackend
+
+    backend = EmulatedNpuBackend()
+    assert backend.recovery_noise == "exponential"
+    out = run_greedy([[1, 2]], [[1, 5, 3]], backend, temperature=torch.tensor([1.0]))
+    assert out.tolist() == [[1, 5, -1]]
+    assert backend.side_stream_entries == 1  # drawn off the main stream, joined with an event
+
+
 def test_requests_without_drafts_draw_nothing_from_their_generator(backend):
     gen = torch.Generator().manual_seed(7)
     state = gen.get_state()

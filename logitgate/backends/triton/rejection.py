@@ -16,10 +16,17 @@ import triton.language as tl
 
 
 @triton.jit
-def _request_span(cu_ptr, r):
-    start = tl.load(cu_ptr + r - 1, mask=r > 0, other=0)
-    end = tl.load(cu_ptr + r)
-    return start, end
+def _request(cu_ptr, active_ptr, pid, i, batch_size, HAS_ACTIVE: tl.constexpr, REQUESTS_PER_PROGRAM: tl.constexpr):
+    """The i-th request of this program: (index, exists, its rows [start, end)); an inactive
+    request has no rows."""
+    r = pid * REQUESTS_PER_PROGRAM + i
+    exists = r < batch_size
+    safe = tl.where(exists, r, 0)
+    start = tl.load(cu_ptr + safe - 1, mask=safe > 0, other=0)
+    end = tl.load(cu_ptr + safe)
+    if HAS_ACTIVE:
+        end = tl.where(tl.load(active_ptr + safe) != 0, end, start)
+    return r, exists, start, end
 
 
 @triton.jit
@@ -65,15 +72,11 @@ def _greedy_accept_kernel(
 ):
     pid = tl.program_id(0)
     for i in range(REQUESTS_PER_PROGRAM):
-        r = pid * REQUESTS_PER_PROGRAM + i
-        if r < batch_size:
-            run = True
-            if HAS_ACTIVE:
-                run = tl.load(active_ptr + r) != 0
-            start, end = _request_span(cu_ptr, r)
+        r, exists, start, end = _request(cu_ptr, active_ptr, pid, i, batch_size, HAS_ACTIVE, REQUESTS_PER_PROGRAM)
+        if exists:
             count = 0
             correction = 0
-            rejected = not run
+            rejected = False
             for row in range(start, end):
                 if not rejected:
                     best = _row_argmax(logits_ptr + tl.cast(row, tl.int64) * logits_stride, vocab_size, BLOCK_V)
@@ -96,15 +99,11 @@ def _random_accept_kernel(
 ):
     pid = tl.program_id(0)
     for i in range(REQUESTS_PER_PROGRAM):
-        r = pid * REQUESTS_PER_PROGRAM + i
-        if r < batch_size:
-            run = True
-            if HAS_ACTIVE:
-                run = tl.load(active_ptr + r) != 0
-            start, end = _request_span(cu_ptr, r)
+        r, exists, start, end = _request(cu_ptr, active_ptr, pid, i, batch_size, HAS_ACTIVE, REQUESTS_PER_PROGRAM)
+        if exists:
             count = 0
             row_lse = 0.0
-            rejected = not run
+            rejected = False
             for row in range(start, end):
                 if not rejected:
                     row64 = tl.cast(row, tl.int64)
@@ -144,15 +143,11 @@ def _recover_kernel(
     the target run alongside in the same pass as the fallback for an empty residual."""
     pid = tl.program_id(0)
     for i in range(REQUESTS_PER_PROGRAM):
-        r = pid * REQUESTS_PER_PROGRAM + i
-        if r < batch_size:
-            run = True
-            if HAS_ACTIVE:
-                run = tl.load(active_ptr + r) != 0
-            start, end = _request_span(cu_ptr, r)
+        r, exists, start, end = _request(cu_ptr, active_ptr, pid, i, batch_size, HAS_ACTIVE, REQUESTS_PER_PROGRAM)
+        if exists:
             row = start + tl.load(accepted_ptr + r)
             token = 0
-            if run & (row < end):
+            if row < end:
                 row64 = tl.cast(row, tl.int64)
                 temperature = 1.0
                 if HAS_TEMPERATURE:
