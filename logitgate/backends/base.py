@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .reference import fill_tree_bitmask_reference
+from . import reference
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,62 @@ class Backend(ABC):
     ) -> None:
         """bitmask[r] := the allowed tokens of tree state states[r] (see
         reference.fill_tree_bitmask_reference); on the device, no host sync."""
-        fill_tree_bitmask_reference(bitmask, states, allow_start, allow_tok, fill_width, max_width, dense_rows, dense_slot)
+        reference.fill_tree_bitmask_reference(bitmask, states, allow_start, allow_tok, fill_width, max_width, dense_rows, dense_slot)
+
+    # ---- speculative decoding: rejection sampling (layout and semantics in reference.py) ----
+
+    # The noise `rejection_recover` consumes: "uniform" = one float64 per request (inverse CDF, cheap
+    # where the vocabulary is walked serially), "exponential" = float32 (B, V) Exp(1) draws for the
+    # race argmax(w / q), which parallelises without a sync and can be drawn on a side stream.
+    recovery_noise: str = "exponential"
+
+    def rejection_greedy_accept(
+        self,
+        cu_num_draft_tokens: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        target_logits: torch.Tensor,
+        active: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(accepted int32 (B,), correction int32 (B,)): leading drafts equal to the target argmax
+        and the argmax at the first mismatch."""
+        return reference.rejection_greedy_accept_reference(cu_num_draft_tokens, draft_token_ids, target_logits, active)
+
+    def rejection_random_accept(
+        self,
+        cu_num_draft_tokens: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        target_logits: torch.Tensor,
+        temperature: torch.Tensor | None,
+        draft_probs: torch.Tensor | None,
+        uniform: torch.Tensor,
+        active: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(accepted int32 (B,), row_lse float32 (B,)): leading drafts with target_p / draft_p >= u
+        and the logsumexp of the first rejected row."""
+        return reference.rejection_random_accept_reference(
+            cu_num_draft_tokens, draft_token_ids, target_logits, temperature, draft_probs, uniform, active
+        )
+
+    def rejection_recover(
+        self,
+        cu_num_draft_tokens: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        target_logits: torch.Tensor,
+        temperature: torch.Tensor | None,
+        draft_probs: torch.Tensor | None,
+        accepted: torch.Tensor,
+        row_lse: torch.Tensor,
+        noise: torch.Tensor,
+        active: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """int32 (B,): the recovered token at each request's first rejected row, drawn with `noise`
+        of kind `recovery_noise`."""
+        needed, weights = reference.recovery_weights_reference(
+            cu_num_draft_tokens, draft_token_ids, target_logits, temperature, draft_probs, accepted, row_lse, active
+        )
+        if self.recovery_noise == "uniform":
+            return reference.rejection_recover_inverse_cdf_reference(needed, weights, noise)
+        return reference.rejection_recover_exponential_reference(needed, weights, noise)
 
     # ---- streams: where work that must not block the decode step is queued ----
 

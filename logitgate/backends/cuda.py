@@ -7,11 +7,13 @@ import torch
 
 from .base import Backend, Capabilities
 from .reference import apply_token_bitmask_reference
+from .triton_rejection import TritonRejectionMixin
 
 CUDA_BITMASK_BLOCK = 4096
+CUDA_REJECTION_BLOCK = 4096  # vocabulary tile of the per-request rejection kernels
 
 
-class CudaBackend(Backend):
+class CudaBackend(TritonRejectionMixin, Backend):
     name = "cuda"
 
     def __init__(self, device: torch.device | str = "cuda") -> None:
@@ -29,7 +31,15 @@ class CudaBackend(Backend):
 
     def kernels(self) -> dict[str, str]:
         bitmask = "triton (grid-stride, int view store)" if self._has_triton else "torch reference (triton missing)"
-        return {"apply_token_bitmask": bitmask}
+        return {"apply_token_bitmask": bitmask, **self._rejection_kernel_names()}
+
+    def _rejection_uses_triton(self) -> bool:
+        return self._has_triton
+
+    def _rejection_launch(self, batch_size: int, bytes_per_token: int) -> dict:
+        # One program per request: enough parallelism for decode batches, and every row is read
+        # by one program only while its request is still accepting.
+        return {"grid": max(batch_size, 1), "requests_per_program": 1, "block_v": CUDA_REJECTION_BLOCK}
 
     def apply_token_bitmask(self, logits, bitmask, rows, vocab_size) -> None:
         if not self._has_triton:

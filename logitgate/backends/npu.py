@@ -18,7 +18,8 @@ import torch
 from .base import Backend, Capabilities
 from .cpu_kernels import apply_token_bitmask_cpu
 from .reference import apply_token_bitmask_reference
-from .triton.launch import ascend_vocab_tile
+from .triton.launch import ascend_grid_and_block, ascend_vocab_tile
+from .triton_rejection import TritonRejectionMixin
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ BITMASK_COMPILED = "torch.compile"
 BITMASK_ROUND_TRIP = "cpu-float32-roundtrip"
 
 
-class NpuBackend(Backend):
+class NpuBackend(TritonRejectionMixin, Backend):
     name = "npu"
 
     def __init__(
@@ -80,7 +81,14 @@ class NpuBackend(Backend):
             BITMASK_COMPILED: "torch.compile of the torch reference",
             BITMASK_ROUND_TRIP: "CPU float32 round trip (numba kernel), dtype restored",
         }
-        return {"apply_token_bitmask": described[self.bitmask_path]}
+        return {"apply_token_bitmask": described[self.bitmask_path], **self._rejection_kernel_names()}
+
+    def _rejection_uses_triton(self) -> bool:
+        return self._triton_ascend
+
+    def _rejection_launch(self, batch_size: int, bytes_per_token: int) -> dict:
+        grid, requests_per_program = ascend_grid_and_block(batch_size, self._vector_cores)
+        return {"grid": grid, "requests_per_program": requests_per_program, "block_v": ascend_vocab_tile(bytes_per_token)}
 
     # ---- kernels ----
 

@@ -1,0 +1,1 @@
+"""Sampling: turning (constrained) logits into tokens, and verifying speculative drafts."""
