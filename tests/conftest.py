@@ -10,6 +10,9 @@ settings.register_profile(
     deadline=None,
     max_examples=int(os.environ.get("HYPOTHESIS_MAX_EXAMPLES", "60")),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    # CI runs one fixed set of examples so that a run is reproducible; developers get fresh ones.
+    derandomize=os.environ.get("CI", "").lower() in ("1", "true"),
+    print_blob=True,
 )
 settings.load_profile("logitgate")
 

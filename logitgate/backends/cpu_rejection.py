@@ -191,8 +191,9 @@ def _recover_row(row, temperature, lse, dprobs, has_draft_probs, x, u):  # pragm
     else:
         total = _target_row(row, temperature, lse, weights)
         if valid:  # n-gram draft: the target without the drafted token
-            total -= np.float64(weights[x])
             weights[x] = 0.0
+            # Re-sum rather than subtract: total - p[x] leaves rounding residue where the rest is 0.
+            total = _block_sum(weights, 0, vocab)
     if not total > 0:  # nothing left to correct (or NaN): sample the target itself
         total = _target_row(row, temperature, lse, weights)
     if not total > 0:
