@@ -1,0 +1,110 @@
+"""Per-sequence constraint state for decode loops: one interface over a TreeDFA (states kept here,
+forced tokens available) and over any grammar the StructuredOutputManager compiles."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .structured.manager import StructuredOutputManager
+from .structured.tree import TreeDFA
+
+
+class TreeConstraint:
+    """A sequence's position in a TreeDFA. `fork()` copies it (beams, n > 1)."""
+
+    def __init__(self, tree: TreeDFA, state: int | None = None) -> None:
+        self.tree = tree
+        self.state = tree.root if state is None else state
+
+    def fork(self) -> TreeConstraint:
+        return TreeConstraint(self.tree, self.state)
+
+    def walk_states(self, drafts: Sequence[int]) -> list[int]:
+        """The state before each draft and after the last one (1 + len(drafts) states)."""
+        states = [self.state]
+        for token in drafts:
+            states.append(self.tree.step(states[-1], token))
+        return states
+
+    def valid_prefix(self, drafts: Sequence[int]) -> int:
+        state = self.state
+        for i, token in enumerate(drafts):
+            if token not in self.tree.allowed(state):
+                return i
+            state = self.tree.step(state, token)
+        return len(drafts)
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            self.state = self.tree.step(self.state, token)
+
+    def forced_tokens(self, max_len: int) -> list[int]:
+        return self.tree.forced_tokens(self.state, max_len) if max_len > 0 else []
+
+    def is_terminated(self) -> bool:
+        return self.tree.is_finished(self.state)
+
+
+class GrammarConstraint:
+    """A request registered with a StructuredOutputManager (xgrammar kinds or tree kinds)."""
+
+    def __init__(self, manager: StructuredOutputManager, request_id: str) -> None:
+        self.manager = manager
+        self.request_id = request_id
+
+    def valid_prefix(self, drafts: Sequence[int]) -> int:
+        return len(self.manager.validate_tokens(self.request_id, list(drafts)))
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        if tokens and not self.manager.accept_tokens(self.request_id, list(tokens)):
+            raise RuntimeError(f"request {self.request_id!r}: the grammar rejected sampled tokens {list(tokens)}")
+
+    def forced_tokens(self, max_len: int) -> list[int]:
+        return []
+
+    def is_terminated(self) -> bool:
+        return self.manager.is_terminated(self.request_id)
+
+
+def fill_constraint_rows(
+    constraints: Sequence[TreeConstraint | GrammarConstraint | None],
+    drafts: Sequence[Sequence[int]],
+    vocab_size: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """int32 bitmask with 1 + len(drafts[i]) rows per sequence in vLLM's layout (draft rows, then the
+    bonus row): tree rows in one batched fill, grammar rows in one manager call, -1 elsewhere."""
+    from .structured.bitmask import allocate_token_bitmask
+
+    total = sum(1 + len(d) for d in drafts)
+    bitmask = allocate_token_bitmask(total, vocab_size, device=device)
+    offsets, row = [], 0
+    for d in drafts:
+        offsets.append(row)
+        row += 1 + len(d)
+    by_tree: dict[int, tuple[TreeDFA, list[int], list[int]]] = {}
+    grammar_ids: list[tuple[int, GrammarConstraint]] = []
+    for i, c in enumerate(constraints):
+        if isinstance(c, TreeConstraint):
+            states = c.walk_states(drafts[i])
+            _, rows, all_states = by_tree.setdefault(id(c.tree), (c.tree, [], []))
+            rows.extend(range(offsets[i], offsets[i] + len(states)))
+            all_states.extend(states)
+        elif isinstance(c, GrammarConstraint):
+            grammar_ids.append((i, c))
+    for tree, rows, states in by_tree.values():
+        part = allocate_token_bitmask(len(rows), vocab_size, device=tree.device)
+        tree.fill_bitmask(torch.tensor(states, dtype=torch.int32, device=tree.device), part)
+        bitmask[torch.tensor(rows, device=device)] = part.to(device)
+    if grammar_ids:
+        manager = grammar_ids[0][1].manager
+        ids = [c.request_id for _, c in grammar_ids]
+        spec = {c.request_id: list(drafts[i]) for i, c in grammar_ids}
+        rows_host = manager.grammar_bitmask(ids, spec)
+        at = 0
+        for i, c in grammar_ids:
+            n = 1 + len(drafts[i])
+            bitmask[offsets[i] : offsets[i] + n, : rows_host.shape[1]] = rows_host[at : at + n].to(device)
+            at += n
+    return bitmask
