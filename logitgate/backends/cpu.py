@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import torch
 
-from .base import Backend, Capabilities
+from .base import NOISE_UNIFORM, Backend, Capabilities, SamplingNoise
 from .cpu_kernels import apply_token_bitmask_cpu
+from .cpu_sampling_kernels import apply_top_k_cpu, apply_top_p_cpu, inverse_cdf_sample_cpu
+from .reference import apply_top_k_top_p_reference, draw_uniforms
 
 
 class CpuBackend(Backend):
@@ -18,7 +20,34 @@ class CpuBackend(Backend):
         return Capabilities(native_bitmask=True, torch_compile=True, triton=False, side_streams=False)
 
     def kernels(self) -> dict[str, str]:
-        return {"apply_token_bitmask": "numba (parallel over rows x 4096-token chunks, -1 words skipped)"}
+        return {
+            "apply_token_bitmask": "numba (parallel over rows x 4096-token chunks, -1 words skipped)",
+            "random_sample": "inverse CDF, one float64 uniform per row (numba: block sums, then one block)",
+            "top_k_top_p": "numba (top-k: k-element heap / introselect; top-p: 4096-bucket histogram, one bucket sorted)",
+        }
 
     def apply_token_bitmask(self, logits, bitmask, rows, vocab_size) -> None:
         apply_token_bitmask_cpu(logits, bitmask, rows, vocab_size)
+
+    # Exponential noise over the whole vocabulary costs more than the rest of a CPU sampling step;
+    # an inverse-CDF draw needs one uniform per row.
+    @property
+    def sampling_noise_kind(self) -> str:
+        return NOISE_UNIFORM
+
+    def draw_sampling_noise(self, batch_size, vocab_size, generators) -> SamplingNoise:
+        return SamplingNoise(NOISE_UNIFORM, draw_uniforms(batch_size, generators, self.device))
+
+    def random_sample(self, probs, generators, noise) -> torch.Tensor:
+        if noise is None:
+            noise = self.draw_sampling_noise(probs.shape[0], probs.shape[1], generators)
+        return inverse_cdf_sample_cpu(probs, noise.values)
+
+    def apply_top_k_top_p(self, logits, k, p, max_top_k) -> torch.Tensor:
+        if logits.dtype != torch.float32 or not logits.is_contiguous():
+            return apply_top_k_top_p_reference(logits, k, p)
+        if k is not None:
+            apply_top_k_cpu(logits, k)
+        if p is not None:
+            apply_top_p_cpu(logits, logits.softmax(dim=-1), p)
+        return logits

@@ -7,6 +7,7 @@ import torch
 
 from .base import Backend, Capabilities
 from .reference import apply_token_bitmask_reference
+from .torch_kernels import apply_top_k_top_p_torch
 
 CUDA_BITMASK_BLOCK = 4096
 
@@ -29,7 +30,11 @@ class CudaBackend(Backend):
 
     def kernels(self) -> dict[str, str]:
         bitmask = "triton (grid-stride, int view store)" if self._has_triton else "torch reference (triton missing)"
-        return {"apply_token_bitmask": bitmask}
+        return {
+            "apply_token_bitmask": bitmask,
+            "random_sample": "exponential trick argmax(p / q), q ~ Exp(1) drawn ahead on a side stream, event-synchronised",
+            "top_k_top_p": "torch.topk candidates when every row has top-k (max k known on the host), else the sort-based reference",
+        }
 
     def apply_token_bitmask(self, logits, bitmask, rows, vocab_size) -> None:
         if not self._has_triton:
@@ -40,6 +45,9 @@ class CudaBackend(Backend):
         apply_token_bitmask_triton(
             logits, bitmask, rows, vocab_size, block=CUDA_BITMASK_BLOCK, max_programs=self._num_sms * 4
         )
+
+    def apply_top_k_top_p(self, logits, k, p, max_top_k) -> torch.Tensor:
+        return apply_top_k_top_p_torch(logits, k, p, max_top_k)
 
     def side_stream(self):
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -53,6 +61,9 @@ class CudaBackend(Backend):
     def wait_event(self, event) -> None:
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)
+
+    def claim_on_current_stream(self, tensor) -> None:
+        tensor.record_stream(torch.cuda.current_stream(self.device))
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)

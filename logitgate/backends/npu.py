@@ -18,6 +18,7 @@ import torch
 from .base import Backend, Capabilities
 from .cpu_kernels import apply_token_bitmask_cpu
 from .reference import apply_token_bitmask_reference
+from .torch_kernels import apply_top_k_top_p_torch
 from .triton.launch import ascend_vocab_tile
 
 logger = logging.getLogger(__name__)
@@ -80,7 +81,11 @@ class NpuBackend(Backend):
             BITMASK_COMPILED: "torch.compile of the torch reference",
             BITMASK_ROUND_TRIP: "CPU float32 round trip (numba kernel), dtype restored",
         }
-        return {"apply_token_bitmask": described[self.bitmask_path]}
+        return {
+            "apply_token_bitmask": described[self.bitmask_path],
+            "random_sample": "exponential trick argmax(p / q), q ~ Exp(1) drawn ahead on the side stream, event-synchronised",
+            "top_k_top_p": "torch.topk candidates when every row has top-k (max k known on the host), else the sort-based reference",
+        }
 
     # ---- kernels ----
 
@@ -110,6 +115,9 @@ class NpuBackend(Backend):
         else:
             logits.index_copy_(0, rows, restored)
 
+    def apply_top_k_top_p(self, logits, k, p, max_top_k) -> torch.Tensor:
+        return apply_top_k_top_p_torch(logits, k, p, max_top_k)
+
     # ---- streams ----
 
     def side_stream(self):
@@ -130,6 +138,9 @@ class NpuBackend(Backend):
     def wait_event(self, event) -> None:
         if event is not None:
             torch.npu.current_stream().wait_event(event)
+
+    def claim_on_current_stream(self, tensor) -> None:
+        tensor.record_stream(torch.npu.current_stream())
 
     def synchronize(self) -> None:
         torch.npu.synchronize()
