@@ -110,8 +110,8 @@ class Backend(ABC):
     def apply_top_k_top_p(
         self, logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None, max_top_k: int | None
     ) -> torch.Tensor:
-        """In place on float32 (B, V) logits: top-k then top-p (semantics in reference.py); returns
-        logits. `max_top_k`, when the caller knows it on the host, is max(k) over rows that filter
+        """In place on contiguous float32 (B, V) logits: top-k then top-p (semantics in
+        reference.py); returns logits. `max_top_k`, when the caller knows it on the host, is max(k) over rows that filter
         (None: unknown, or some row has no top-k). Default: the sort-based reference."""
         return apply_top_k_top_p_reference(logits, k, p)
 

@@ -6,7 +6,7 @@ import torch
 from .base import NOISE_UNIFORM, Backend, Capabilities, SamplingNoise
 from .cpu_kernels import apply_token_bitmask_cpu
 from .cpu_sampling_kernels import apply_top_k_cpu, apply_top_p_cpu, inverse_cdf_sample_cpu
-from .reference import apply_top_k_top_p_reference, draw_uniforms
+from .reference import draw_uniforms
 
 
 class CpuBackend(Backend):
@@ -44,8 +44,6 @@ class CpuBackend(Backend):
         return inverse_cdf_sample_cpu(probs, noise.values)
 
     def apply_top_k_top_p(self, logits, k, p, max_top_k) -> torch.Tensor:
-        if logits.dtype != torch.float32 or not logits.is_contiguous():
-            return apply_top_k_top_p_reference(logits, k, p)
         if k is not None:
             apply_top_k_cpu(logits, k)
         if p is not None:

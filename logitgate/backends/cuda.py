@@ -10,6 +10,10 @@ from .reference import apply_token_bitmask_reference
 from .torch_kernels import apply_top_k_top_p_torch
 
 CUDA_BITMASK_BLOCK = 4096
+CUDA_TOP_K_TOP_P_BLOCK = 4096
+# One program per row: below this many rows the bisection kernel leaves the GPU mostly idle and a
+# segmented sort of a few rows is cheap anyway.
+CUDA_TOP_K_TOP_P_MIN_ROWS = 8
 
 
 class CudaBackend(Backend):
@@ -33,7 +37,8 @@ class CudaBackend(Backend):
         return {
             "apply_token_bitmask": bitmask,
             "random_sample": "exponential trick argmax(p / q), q ~ Exp(1) drawn ahead on a side stream, event-synchronised",
-            "top_k_top_p": "torch.topk candidates when every row has top-k (max k known on the host), else the sort-based reference",
+            "top_k_top_p": "torch.topk candidates when every row has top-k (max k known on the host); else, from "
+            f"{CUDA_TOP_K_TOP_P_MIN_ROWS} rows, the Triton bisection kernel (no sort); else the sort-based reference",
         }
 
     def apply_token_bitmask(self, logits, bitmask, rows, vocab_size) -> None:
@@ -47,6 +52,11 @@ class CudaBackend(Backend):
         )
 
     def apply_top_k_top_p(self, logits, k, p, max_top_k) -> torch.Tensor:
+        topk_path = k is not None and max_top_k is not None and max_top_k < logits.shape[-1]
+        if self._has_triton and not topk_path and logits.shape[0] >= CUDA_TOP_K_TOP_P_MIN_ROWS:
+            from .triton.sampling import apply_top_k_top_p_triton
+
+            return apply_top_k_top_p_triton(logits, k, p, block=CUDA_TOP_K_TOP_P_BLOCK, max_programs=logits.shape[0])
         return apply_top_k_top_p_torch(logits, k, p, max_top_k)
 
     def side_stream(self):

@@ -84,7 +84,11 @@ class NpuBackend(Backend):
         return {
             "apply_token_bitmask": described[self.bitmask_path],
             "random_sample": "exponential trick argmax(p / q), q ~ Exp(1) drawn ahead on the side stream, event-synchronised",
-            "top_k_top_p": "torch.topk candidates when every row has top-k (max k known on the host), else the sort-based reference",
+            "top_k_top_p": (
+                f"triton-ascend bisection over float bits (no sort, grid <= {self._vector_cores} vector cores)"
+                if self._triton_ascend
+                else "torch.topk candidates when every row has top-k (max k known on the host), else the sort-based reference"
+            ),
         }
 
     # ---- kernels ----
@@ -116,6 +120,11 @@ class NpuBackend(Backend):
             logits.index_copy_(0, rows, restored)
 
     def apply_top_k_top_p(self, logits, k, p, max_top_k) -> torch.Tensor:
+        if self._triton_ascend:
+            from .triton.sampling import BYTES_PER_TOKEN, apply_top_k_top_p_triton
+
+            block = ascend_vocab_tile(BYTES_PER_TOKEN)
+            return apply_top_k_top_p_triton(logits, k, p, block=block, max_programs=self._vector_cores)
         return apply_top_k_top_p_torch(logits, k, p, max_top_k)
 
     # ---- streams ----

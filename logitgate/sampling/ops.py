@@ -105,10 +105,10 @@ def apply_top_k_top_p(
     if max_top_k is None and k is not None and k.device.type == "cpu" and bool((k > 0).all()):
         max_top_k = int(k.max())  # free on host tensors
     chosen = backend_for_tensor(logits, backend)
-    if logits.dtype != torch.float32:
-        filtered = chosen.apply_top_k_top_p(logits.float(), k, p, max_top_k)
-        return logits.copy_(filtered)
-    return chosen.apply_top_k_top_p(logits, k, p, max_top_k)
+    # Kernels take contiguous float32; other layouts are filtered on a copy and written back.
+    work = logits if logits.dtype == torch.float32 and logits.is_contiguous() else logits.to(torch.float32).contiguous()
+    filtered = chosen.apply_top_k_top_p(work, k, p, max_top_k)
+    return logits if filtered is logits else logits.copy_(filtered)
 
 
 def apply_sampling_constraints(

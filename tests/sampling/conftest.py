@@ -1,28 +1,5 @@
-import numpy as np
 import pytest
-from scipy import stats
-
-ALPHA = 1e-6
-
-
-def chi_square_pvalue(samples, probs) -> float:
-    """Goodness of fit of integer samples to `probs` (1-D, sums to 1); bins with expected counts
-    below 5 are pooled, as the test requires."""
-    probs = np.asarray(probs, dtype=np.float64)
-    probs = probs / probs.sum()
-    counts = np.bincount(np.asarray(samples), minlength=len(probs)).astype(np.float64)
-    assert counts[probs == 0].sum() == 0, f"sampled zero-probability tokens {np.nonzero((probs == 0) & (counts > 0))[0]}"
-    n = counts.sum()
-    expected = probs * n
-    big = expected >= 5
-    obs = list(counts[big])
-    exp = list(expected[big])
-    if (~big & (probs > 0)).any():
-        obs.append(counts[~big].sum())
-        exp.append(expected[~big].sum())
-    if len(obs) < 2:
-        return 1.0
-    return float(stats.chisquare(obs, exp).pvalue)
+from sampling_helpers import ALPHA, chi_square_pvalue
 
 
 @pytest.fixture
