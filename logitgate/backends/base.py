@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from . import reference
+from .reference import apply_top_k_top_p_reference, exponential_race, fill_exponential  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,29 @@ class Capabilities:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+NOISE_EXPONENTIAL = "exponential"  # q ~ Exp(1), float32 (B, V): the exponential trick argmax(p / q)
+NOISE_UNIFORM = "uniform"  # u ~ U[0, 1), float64 (B,): one inverse-CDF draw per row
+
+
+@dataclass
+class SamplingNoise:
+    """Random numbers for one `random_sample` call, drawn ahead of time by `draw_sampling_noise`.
+
+    `event` marks the end of the draw on the backend's side stream (None where the draw is
+    synchronous); the sampling step waits on it on the device, never on the host. A noise object is
+    used once (`consumed`), so a reused draw cannot silently correlate two steps.
+    """
+
+    kind: str
+    values: torch.Tensor
+    event: Any = None
+    consumed: bool = False
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.values.shape)
 
 
 class Backend(ABC):
@@ -123,6 +147,43 @@ class Backend(ABC):
         if self.recovery_noise == "uniform":
             return reference.rejection_recover_inverse_cdf_reference(needed, weights, noise)
         return reference.rejection_recover_exponential_reference(needed, weights, noise)
+    @property
+    def sampling_noise_kind(self) -> str:
+        """What `draw_sampling_noise` returns: NOISE_EXPONENTIAL (B, V) or NOISE_UNIFORM (B,)."""
+        return NOISE_EXPONENTIAL
+
+    def draw_sampling_noise(
+        self, batch_size: int, vocab_size: int, generators: dict[int, torch.Generator] | None
+    ) -> SamplingNoise:
+        """Queue the random numbers `random_sample` will consume, on the side stream and marked by an
+        event, so that a call made before the model's forward pass overlaps it. Default: the
+        exponential trick's q ~ Exp(1), float32 (batch_size, vocab_size); rows listed in
+        `generators` draw from their own generator."""
+        with self.side_stream():
+            q = torch.empty((batch_size, vocab_size), dtype=torch.float32, device=self.device)
+            fill_exponential(q, generators)
+            event = self.record_event()
+        return SamplingNoise(NOISE_EXPONENTIAL, q, event)
+
+    def random_sample(
+        self, probs: torch.Tensor, generators: dict[int, torch.Generator] | None, noise: SamplingNoise | None
+    ) -> torch.Tensor:
+        """int64 (B,): one exact draw per row of probs (B, V) (non-negative, any positive total).
+        `noise` comes from `draw_sampling_noise` for the same shape and generators, or None to draw
+        it now. Default: the exponential trick, argmax(p / q), with q from the side stream."""
+        if noise is None:
+            noise = self.draw_sampling_noise(probs.shape[0], probs.shape[1], generators)
+        self.wait_event(noise.event)
+        self.claim_on_current_stream(noise.values)
+        return exponential_race(probs, noise.values)
+
+    def apply_top_k_top_p(
+        self, logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None, max_top_k: int | None
+    ) -> torch.Tensor:
+        """In place on contiguous float32 (B, V) logits: top-k then top-p (semantics in
+        reference.py); returns logits. `max_top_k`, when the caller knows it on the host, is max(k) over rows that filter
+        (None: unknown, or some row has no top-k). Default: the sort-based reference."""
+        return apply_top_k_top_p_reference(logits, k, p)
 
     # ---- streams: where work that must not block the decode step is queued ----
 
@@ -136,6 +197,10 @@ class Backend(ABC):
 
     def wait_event(self, event: Any) -> None:
         """Make the current stream wait for `event` without blocking the host."""
+
+    def claim_on_current_stream(self, tensor: torch.Tensor) -> None:
+        """Tell the caching allocator that `tensor`, made on the side stream, is used on the current
+        one (so its memory is not reused too early); a no-op without streams."""
 
     # ---- misc ----
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 
 from . import cpu_rejection
-from .base import Backend, Capabilities
+from .base import NOISE_UNIFORM, Backend, Capabilities, SamplingNoise
 from .cpu_kernels import apply_token_bitmask_cpu
+from .cpu_sampling_kernels import apply_top_k_cpu, apply_top_p_cpu, inverse_cdf_sample_cpu
+from .reference import draw_uniforms
 
 
 class CpuBackend(Backend):
@@ -26,6 +28,8 @@ class CpuBackend(Backend):
             "rejection_greedy_accept": "numba (per request, argmax only up to the first mismatch)",
             "rejection_random_accept": "numba (per request, one logsumexp per examined row, no softmax written)",
             "rejection_recover": "numba inverse CDF (rejected row only, one uniform per request)",
+            "random_sample": "inverse CDF, one float64 uniform per row (numba: block sums, then one block)",
+            "top_k_top_p": "numba (top-k: k-element heap / introselect; top-p: 4096-bucket histogram, one bucket sorted)",
         }
 
     def apply_token_bitmask(self, logits, bitmask, rows, vocab_size) -> None:
@@ -47,3 +51,23 @@ class CpuBackend(Backend):
         return cpu_rejection.recover_cpu(
             cu_num_draft_tokens, draft_token_ids, target_logits, temperature, draft_probs, accepted, row_lse, noise, active
         )
+    # Exponential noise over the whole vocabulary costs more than the rest of a CPU sampling step;
+    # an inverse-CDF draw needs one uniform per row.
+    @property
+    def sampling_noise_kind(self) -> str:
+        return NOISE_UNIFORM
+
+    def draw_sampling_noise(self, batch_size, vocab_size, generators) -> SamplingNoise:
+        return SamplingNoise(NOISE_UNIFORM, draw_uniforms(batch_size, generators, self.device))
+
+    def random_sample(self, probs, generators, noise) -> torch.Tensor:
+        if noise is None:
+            noise = self.draw_sampling_noise(probs.shape[0], probs.shape[1], generators)
+        return inverse_cdf_sample_cpu(probs, noise.values)
+
+    def apply_top_k_top_p(self, logits, k, p, max_top_k) -> torch.Tensor:
+        if k is not None:
+            apply_top_k_cpu(logits, k)
+        if p is not None:
+            apply_top_p_cpu(logits, logits.softmax(dim=-1), p)
+        return logits

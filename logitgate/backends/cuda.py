@@ -11,6 +11,13 @@ from .triton_rejection import TritonRejectionMixin
 
 CUDA_BITMASK_BLOCK = 4096
 CUDA_REJECTION_BLOCK = 4096  # vocabulary tile of the per-request rejection kernels
+from .torch_kernels import apply_top_k_top_p_torch
+
+CUDA_BITMASK_BLOCK = 4096
+CUDA_TOP_K_TOP_P_BLOCK = 4096
+# One program per row: below this many rows the bisection kernel leaves the GPU mostly idle and a
+# segmented sort of a few rows is cheap anyway.
+CUDA_TOP_K_TOP_P_MIN_ROWS = 8
 
 
 class CudaBackend(TritonRejectionMixin, Backend):
@@ -31,7 +38,13 @@ class CudaBackend(TritonRejectionMixin, Backend):
 
     def kernels(self) -> dict[str, str]:
         bitmask = "triton (grid-stride, int view store)" if self._has_triton else "torch reference (triton missing)"
-        return {"apply_token_bitmask": bitmask, **self._rejection_kernel_names()}
+        return {
+            **self._rejection_kernel_names(),
+            "apply_token_bitmask": bitmask,
+            "random_sample": "exponential trick argmax(p / q), q ~ Exp(1) drawn ahead on a side stream, event-synchronised",
+            "top_k_top_p": "torch.topk candidates when every row has top-k (max k known on the host); else, from "
+            f"{CUDA_TOP_K_TOP_P_MIN_ROWS} rows, the Triton bisection kernel (no sort); else the sort-based reference",
+        }
 
     def _rejection_uses_triton(self) -> bool:
         return self._has_triton
@@ -51,6 +64,14 @@ class CudaBackend(TritonRejectionMixin, Backend):
             logits, bitmask, rows, vocab_size, block=CUDA_BITMASK_BLOCK, max_programs=self._num_sms * 4
         )
 
+    def apply_top_k_top_p(self, logits, k, p, max_top_k) -> torch.Tensor:
+        topk_path = k is not None and max_top_k is not None and max_top_k < logits.shape[-1]
+        if self._has_triton and not topk_path and logits.shape[0] >= CUDA_TOP_K_TOP_P_MIN_ROWS:
+            from .triton.sampling import apply_top_k_top_p_triton
+
+            return apply_top_k_top_p_triton(logits, k, p, block=CUDA_TOP_K_TOP_P_BLOCK, max_programs=logits.shape[0])
+        return apply_top_k_top_p_torch(logits, k, p, max_top_k)
+
     def side_stream(self):
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         return torch.cuda.stream(self._stream)
@@ -63,6 +84,9 @@ class CudaBackend(TritonRejectionMixin, Backend):
     def wait_event(self, event) -> None:
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)
+
+    def claim_on_current_stream(self, tensor) -> None:
+        tensor.record_stream(torch.cuda.current_stream(self.device))
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)

@@ -60,6 +60,9 @@ class EmulatedNpuBackend(NpuBackend):
                 raise RuntimeError("waited on an event that was never recorded")
             event.waited = True
 
+    def claim_on_current_stream(self, tensor) -> None:
+        pass  # CPU tensors: no caching allocator per stream
+
     def synchronize(self) -> None:
         pass
 

@@ -20,6 +20,8 @@ from .cpu_kernels import apply_token_bitmask_cpu
 from .reference import apply_token_bitmask_reference
 from .triton.launch import ascend_grid_and_block, ascend_vocab_tile
 from .triton_rejection import TritonRejectionMixin
+from .torch_kernels import apply_top_k_top_p_torch
+from .triton.launch import ascend_vocab_tile
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +83,16 @@ class NpuBackend(TritonRejectionMixin, Backend):
             BITMASK_COMPILED: "torch.compile of the torch reference",
             BITMASK_ROUND_TRIP: "CPU float32 round trip (numba kernel), dtype restored",
         }
-        return {"apply_token_bitmask": described[self.bitmask_path], **self._rejection_kernel_names()}
+        return {
+            **self._rejection_kernel_names(),
+            "apply_token_bitmask": described[self.bitmask_path],
+            "random_sample": "exponential trick argmax(p / q), q ~ Exp(1) drawn ahead on the side stream, event-synchronised",
+            "top_k_top_p": (
+                f"triton-ascend bisection over float bits (no sort, grid <= {self._vector_cores} vector cores)"
+                if self._triton_ascend
+                else "torch.topk candidates when every row has top-k (max k known on the host), else the sort-based reference"
+            ),
+        }
 
     def _rejection_uses_triton(self) -> bool:
         return self._triton_ascend
@@ -118,6 +129,14 @@ class NpuBackend(TritonRejectionMixin, Backend):
         else:
             logits.index_copy_(0, rows, restored)
 
+    def apply_top_k_top_p(self, logits, k, p, max_top_k) -> torch.Tensor:
+        if self._triton_ascend:
+            from .triton.sampling import BYTES_PER_TOKEN, apply_top_k_top_p_triton
+
+            block = ascend_vocab_tile(BYTES_PER_TOKEN)
+            return apply_top_k_top_p_triton(logits, k, p, block=block, max_programs=self._vector_cores)
+        return apply_top_k_top_p_torch(logits, k, p, max_top_k)
+
     # ---- streams ----
 
     def side_stream(self):
@@ -138,6 +157,9 @@ class NpuBackend(TritonRejectionMixin, Backend):
     def wait_event(self, event) -> None:
         if event is not None:
             torch.npu.current_stream().wait_event(event)
+
+    def claim_on_current_stream(self, tensor) -> None:
+        tensor.record_stream(torch.npu.current_stream())
 
     def synchronize(self) -> None:
         torch.npu.synchronize()

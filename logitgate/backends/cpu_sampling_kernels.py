@@ -1,0 +1,180 @@
+"""numba kernels for sampling on the CPU backend: inverse-CDF draws and top-k / top-p filters that
+avoid sorting the vocabulary. Semantics are those of the torch reference (backends/reference.py)."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+
+# Tokens per block of the inverse-CDF draw: the first pass sums blocks, the second walks one block.
+_CDF_BLOCK = 2048
+# Top-k values up to this size use a k-element min-heap (one pass); larger k use introselect.
+_HEAP_MAX_K = 512
+# Top-p histogram: the 12 high bits of a non-negative float32 (exponent + 4 mantissa bits) give
+# 4096 buckets ordered like the values, 16 per octave.
+_BUCKET_SHIFT = 19
+_NUM_BUCKETS = 4096
+
+
+@numba.njit(fastmath={"reassoc"}, cache=True, nogil=True, boundscheck=False)
+def _block_sum(row, start, end):  # pragma: no cover - jitted
+    total = 0.0
+    for i in range(start, end):
+        total += np.float64(row[i])
+    return total
+
+
+@numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
+def _inverse_cdf_kernel(probs, u, out):  # pragma: no cover - jitted
+    vocab = probs.shape[1]
+    num_blocks = (vocab + _CDF_BLOCK - 1) // _CDF_BLOCK
+    for r in numba.prange(probs.shape[0]):
+        row = probs[r]
+        sums = np.empty(num_blocks, np.float64)
+        total = 0.0
+        for b in range(num_blocks):
+            sums[b] = _block_sum(row, b * _CDF_BLOCK, min(vocab, (b + 1) * _CDF_BLOCK))
+            total += sums[b]
+        target = u[r] * total
+        chosen = -1
+        last_positive = -1
+        before = 0.0
+        for b in range(num_blocks):
+            if before + sums[b] > target:
+                running = before
+                for i in range(b * _CDF_BLOCK, min(vocab, (b + 1) * _CDF_BLOCK)):
+                    if row[i] > 0:
+                        last_positive = i
+                        running += row[i]
+                        if running > target:
+                            chosen = i
+                            break
+                break
+            before += sums[b]
+        if chosen < 0:
+            # Rounding put the target past the last running sum: take the last positive token
+            # seen (or of the row); a 1e-16-probability event, never a zero-probability token.
+            if last_positive < 0:
+                for i in range(vocab - 1, -1, -1):
+                    if row[i] > 0:
+                        last_positive = i
+                        break
+            chosen = max(last_positive, 0)
+        out[r] = chosen
+
+
+def inverse_cdf_sample_cpu(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """int64 (B,): per row, the first token whose cumulative probability exceeds u * total."""
+    probs32 = probs if probs.dtype == torch.float32 else probs.to(torch.float32)
+    out = torch.empty(probs.shape[0], dtype=torch.int64)
+    if probs.shape[0]:
+        _inverse_cdf_kernel(probs32.contiguous().numpy(), u.to(torch.float64).contiguous().numpy(), out.numpy())
+    return out
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _sift_down(heap, pos, size):  # pragma: no cover - jitted
+    item = heap[pos]
+    while True:
+        child = 2 * pos + 1
+        if child >= size:
+            break
+        if child + 1 < size and heap[child + 1] < heap[child]:
+            child += 1
+        if heap[child] < item:
+            heap[pos] = heap[child]
+            pos = child
+        else:
+            break
+    heap[pos] = item
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _kth_largest(row, k):  # pragma: no cover - jitted
+    if k > _HEAP_MAX_K:
+        scratch = row.copy()
+        return np.partition(scratch, row.shape[0] - k)[row.shape[0] - k]
+    heap = row[:k].copy()
+    for pos in range(k // 2 - 1, -1, -1):
+        _sift_down(heap, pos, k)
+    smallest = heap[0]
+    for i in range(k, row.shape[0]):
+        x = row[i]
+        if x > smallest:
+            heap[0] = x
+            _sift_down(heap, 0, k)
+            smallest = heap[0]
+    return smallest
+
+
+@numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
+def _top_k_kernel(logits, k):  # pragma: no cover - jitted
+    vocab = logits.shape[1]
+    for r in numba.prange(logits.shape[0]):
+        kr = k[r]
+        if kr <= 0 or kr >= vocab:
+            continue
+        row = logits[r]
+        kth = _kth_largest(row, kr)
+        for i in range(vocab):
+            if row[i] < kth:
+                row[i] = -np.inf
+
+
+@numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
+def _top_p_kernel(logits, probs, bits, p):  # pragma: no cover - jitted
+    vocab = logits.shape[1]
+    for r in numba.prange(logits.shape[0]):
+        top_p = p[r]
+        if top_p >= 1.0:
+            continue
+        prow = probs[r]
+        brow = bits[r]
+        mass = np.zeros(_NUM_BUCKETS, np.float64)
+        count = np.zeros(_NUM_BUCKETS, np.int64)
+        for i in range(vocab):
+            b = max(brow[i] >> _BUCKET_SHIFT, 0)
+            mass[b] += prow[i]
+            count[b] += 1
+        # The bucket where the mass accumulated from the top first reaches top_p holds the cut:
+        # higher buckets are kept whole, lower ones removed whole.
+        above = 0.0
+        boundary = -1
+        for b in range(_NUM_BUCKETS - 1, -1, -1):
+            if count[b] == 0:
+                continue
+            if above + mass[b] >= top_p:
+                boundary = b
+                break
+            above += mass[b]
+        if boundary < 0:
+            continue
+        members = np.empty(count[boundary], np.float32)
+        j = 0
+        for i in range(vocab):
+            if max(brow[i] >> _BUCKET_SHIFT, 0) == boundary:
+                members[j] = prow[i]
+                j += 1
+        members = np.sort(members)[::-1]
+        threshold = members[0]
+        i = 0
+        while i < members.shape[0] and above < top_p:
+            value = members[i]
+            threshold = value
+            while i < members.shape[0] and members[i] == value:  # a tie group shares its mass above
+                above += members[i]
+                i += 1
+        for i in range(vocab):
+            if prow[i] < threshold:
+                logits[r, i] = -np.inf
+
+
+def apply_top_k_cpu(logits: torch.Tensor, k: torch.Tensor) -> None:
+    """In place on float32 (B, V): keep logits >= the row's k-th largest (rows with k <= 0 or >= V untouched)."""
+    _top_k_kernel(logits.numpy(), k.to(torch.int64).contiguous().numpy())
+
+
+def apply_top_p_cpu(logits: torch.Tensor, probs: torch.Tensor, p: torch.Tensor) -> None:
+    """In place on float32 (B, V): remove tokens whose probability mass strictly above is >= p
+    (`probs` = softmax(logits), float32, contiguous)."""
+    _top_p_kernel(logits.numpy(), probs.numpy(), probs.view(torch.int32).numpy(), p.to(torch.float64).contiguous().numpy())

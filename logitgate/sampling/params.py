@@ -1,0 +1,226 @@
+"""Per-request sampling parameters, validated on construction with errors naming the field.
+
+Field names and defaults follow vLLM's `SamplingParams`, so engine code ports over unchanged;
+`max_thinking_tokens` (ThinkMode) is logitgate's own.
+"""
+from __future__ import annotations
+
+import enum
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["SAMPLING_EPS", "SamplingParams", "SamplingType", "StructuredOutputsParams"]
+
+# Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): dividing by them overflows.
+SAMPLING_EPS = 1e-5
+
+CONSTRAINT_KINDS = ("json", "json_object", "regex", "grammar", "choice", "structural_tag", "prefix_dict", "token_trie")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass
+class StructuredOutputsParams:
+    """A structured-output constraint: exactly one of the constraint fields is set.
+
+    json: a JSON schema (dict or JSON string); json_object: True for any JSON object; regex: a
+    regular expression; grammar: an EBNF grammar; choice: a non-empty list of allowed strings;
+    structural_tag: an xgrammar structural tag (dict or JSON string); prefix_dict: an RTP-LLM tree
+    config (dict, JSON string or path); token_trie: a TokenTreePayload (dict, JSON string or path).
+    `end_token_id` is the token a token_trie ends with (default: the model's EOS); `disable_any_whitespace`
+    asks JSON grammars for compact output (vLLM's option).
+    """
+
+    json: str | dict | None = None
+    json_object: bool | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    choice: list[str] | None = None
+    structural_tag: str | dict | None = None
+    prefix_dict: str | dict | os.PathLike | None = None
+    token_trie: str | dict | os.PathLike | None = None
+    disable_any_whitespace: bool = False
+    end_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in CONSTRAINT_KINDS if self._is_set(name)]
+        if len(given) != 1:
+            got = ", ".join(given) if given else "none"
+            raise ValueError(f"StructuredOutputsParams needs exactly one of {', '.join(CONSTRAINT_KINDS)}; got {got}")
+        kind = given[0]
+        value = getattr(self, kind)
+        if kind == "json" and not isinstance(value, (str, dict)):
+            raise ValueError(f"json must be a JSON schema as a dict or a JSON string, got {type(value).__name__}")
+        if kind == "json_object" and value is not True:
+            raise ValueError(f"json_object must be True or None, got {value!r}")
+        if kind in ("regex", "grammar") and not (isinstance(value, str) and value):
+            raise ValueError(f"{kind} must be a non-empty string, got {value!r}")
+        if kind == "choice":
+            if not isinstance(value, (list, tuple)) or not value:
+                raise ValueError(f"choice must be a non-empty list of strings, got {value!r}")
+            for i, item in enumerate(value):
+                if not isinstance(item, str):
+                    raise ValueError(f"choice[{i}] must be a string, got {type(item).__name__}")
+            self.choice = list(value)
+        if kind == "structural_tag" and not isinstance(value, (str, dict)):
+            raise ValueError(f"structural_tag must be a dict or a JSON string, got {type(value).__name__}")
+        if kind in ("prefix_dict", "token_trie") and not isinstance(value, (str, dict, os.PathLike)):
+            raise ValueError(f"{kind} must be a dict, a JSON string or a path, got {type(value).__name__}")
+        if self.end_token_id is not None:
+            if kind != "token_trie":
+                raise ValueError(f"end_token_id applies to token_trie only, not to {kind}")
+            if not _is_int(self.end_token_id) or self.end_token_id < 0:
+                raise ValueError(f"end_token_id must be a non-negative int, got {self.end_token_id!r}")
+        if not isinstance(self.disable_any_whitespace, bool):
+            raise ValueError(f"disable_any_whitespace must be a bool, got {self.disable_any_whitespace!r}")
+
+    def _is_set(self, name: str) -> bool:
+        value = getattr(self, name)
+        if name == "json_object":
+            return value is not None and value is not False
+        return value is not None
+
+    @property
+    def kind(self) -> str:
+        """The name of the constraint field that is set ("json", "regex", ...)."""
+        return next(name for name in CONSTRAINT_KINDS if self._is_set(name))
+
+    @property
+    def value(self) -> Any:
+        """The constraint itself (the value of the field named by `kind`)."""
+        return getattr(self, self.kind)
+
+
+class SamplingType(enum.IntEnum):
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+@dataclass
+class SamplingParams:
+    """How one request samples its tokens (vLLM's fields and defaults).
+
+    temperature: 0 (or below SAMPLING_EPS) is greedy; top_k: 0 or -1 keeps every token; top_p in
+    (0, 1]; min_p in [0, 1]; seed: a per-request generator makes the request reproducible;
+    min_tokens: stop tokens (stop_token_ids and, unless ignore_eos, the EOS) are masked until this
+    many tokens were generated; logit_bias: token id -> value added to its logit; logprobs: the
+    number of top log-probabilities to return per token (None: none); max_thinking_tokens: the
+    thinking budget ThinkMode enforces (None: no budget); extra_args: for custom logits processors.
+    Greedy requests ignore top_k, top_p and min_p (they are reset, as in vLLM).
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logit_bias: dict[int, float] | None = None
+    logprobs: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    max_thinking_tokens: int | None = None
+    extra_args: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.n) or self.n < 1:
+            raise ValueError(f"n must be an int >= 1, got {self.n!r}")
+        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(f"top_k must be an int: -1 or 0 (all tokens) or >= 1, got {self.top_k!r}")
+        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens must be an int >= 1 or None, got {self.max_tokens!r}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        self.stop_token_ids = _token_id_list(self.stop_token_ids, "stop_token_ids")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if self.logit_bias is not None:
+            self.logit_bias = _logit_bias_dict(self.logit_bias)
+        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
+            raise ValueError(f"logprobs must be an int >= 0 or None, got {self.logprobs!r}")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError(
+                f"structured_outputs must be a StructuredOutputsParams, got {type(self.structured_outputs).__name__}"
+            )
+        if self.max_thinking_tokens is not None and (not _is_int(self.max_thinking_tokens) or self.max_thinking_tokens < 0):
+            raise ValueError(f"max_thinking_tokens must be an int >= 0 or None, got {self.max_thinking_tokens!r}")
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise ValueError(f"extra_args must be a dict or None, got {type(self.extra_args).__name__}")
+        if self.top_k == -1:
+            self.top_k = 0
+        if self.temperature < SAMPLING_EPS:
+            if self.n > 1:
+                raise ValueError(f"n must be 1 for greedy sampling (temperature {self.temperature}), got n={self.n}")
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        if self.temperature < SAMPLING_EPS:
+            return SamplingType.GREEDY
+        return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
+
+    def all_stop_token_ids(self, eos_token_id: int | None) -> set[int]:
+        """The tokens that end this request: stop_token_ids plus the EOS unless ignore_eos."""
+        stops = set(self.stop_token_ids)
+        if eos_token_id is not None and not self.ignore_eos:
+            stops.add(eos_token_id)
+        return stops
+
+    def verify(self, vocab_size: int) -> None:
+        """Check the token ids against the model's vocabulary; ValueError names the first bad one."""
+        for token in self.stop_token_ids:
+            if token >= vocab_size:
+                raise ValueError(f"stop_token_ids has token id {token}, outside the vocabulary [0, {vocab_size})")
+        for token in self.logit_bias or {}:
+            if token >= vocab_size:
+                raise ValueError(f"logit_bias has token id {token}, outside the vocabulary [0, {vocab_size})")
+
+
+def _token_id_list(values: Iterable[int] | None, name: str) -> list[int]:
+    if values is None:
+        return []
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ValueError(f"{name} must be a list of token ids, got {type(values).__name__}")
+    out = list(values)
+    for token in out:
+        if not _is_int(token) or token < 0:
+            raise ValueError(f"{name} has {token!r}, not a token id (an int >= 0)")
+    return out
+
+
+def _logit_bias_dict(bias: dict) -> dict[int, float]:
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be a dict of token id -> bias, got {type(bias).__name__}")
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        # JSON (the OpenAI API) gives the ids as strings.
+        token = int(key) if isinstance(key, str) and key.strip().isdigit() else key
+        if not _is_int(token) or token < 0:
+            raise ValueError(f"logit_bias has key {key!r}, not a token id (an int >= 0)")
+        if not _is_number(value) or not math.isfinite(value):
+            raise ValueError(f"logit_bias[{key!r}] must be a finite number, got {value!r}")
+        out[token] = float(value)
+    return out

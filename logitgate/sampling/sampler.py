@@ -1,0 +1,187 @@
+"""The per-step sampler, in vLLM v1's order:
+
+1. raw log-probabilities (when asked for, logprobs_mode="raw_logprobs", vLLM's default);
+2. float32 logits; the non-argmax-invariant logits processors;
+3. greedy rows: argmax (all-greedy batches stop here and skip the argmax-invariant processors);
+4. temperature (greedy rows divided by 1, never by 0); the argmax-invariant processors (MinP);
+5. top-k then top-p; softmax; one exact random draw per row (`ops.random_sample`);
+6. greedy and random rows merged; optional log-probabilities (top-n, plus the sampled token's
+   log-probability and rank).
+
+No step syncs with the host: the result stays on the device until the caller reads it.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from ..backends import Backend, get_backend
+from ..backends.base import SamplingNoise
+from . import ops
+from .params import SAMPLING_EPS, SamplingParams, SamplingType
+from .processors.state import LogitsProcessors
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["LogprobsTensors", "Sampler", "SamplerOutput", "SamplingMetadata", "make_generator"]
+
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+
+
+def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A request's own generator: its draws depend on its seed alone."""
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+@dataclass
+class SamplingMetadata:
+    """Per-step sampling inputs for a batch of B rows (vLLM's SamplingMetadata).
+
+    temperature: float32 (B,) or None when every row is greedy; top_k: int64 (B,) (0 = off) or
+    None; top_p: float32 (B,) (1 = off) or None; generators: row -> the request's generator;
+    max_num_logprobs: the largest `logprobs` in the batch (None: no logprobs); max_top_k: max(top_k)
+    known on the host when every row has a top-k (lets GPU/NPU use torch.topk instead of a sort);
+    noise: the random numbers drawn ahead by `prefetch_noise`.
+    """
+
+    temperature: torch.Tensor | None
+    all_greedy: bool
+    all_random: bool
+    top_p: torch.Tensor | None = None
+    top_k: torch.Tensor | None = None
+    generators: dict[int, torch.Generator] = field(default_factory=dict)
+    max_num_logprobs: int | None = None
+    logitsprocs: LogitsProcessors = field(default_factory=LogitsProcessors)
+    max_top_k: int | None = None
+    noise: SamplingNoise | None = None
+
+    @classmethod
+    def from_params(
+        cls,
+        params: Sequence[SamplingParams],
+        *,
+        device: torch.device | str = "cpu",
+        generators: Mapping[int, torch.Generator] | None = None,
+        logitsprocs: LogitsProcessors | None = None,
+    ) -> SamplingMetadata:
+        """Metadata for rows sampled with `params[i]`; `generators` maps rows to the generators of
+        requests with a seed (kept by the caller across steps). Greedy rows never draw."""
+        for i, p in enumerate(params):
+            if not isinstance(p, SamplingParams):
+                raise ValueError(f"params[{i}] must be a SamplingParams, got {type(p).__name__}")
+        device = torch.device(device)
+        greedy = [p.sampling_type == SamplingType.GREEDY for p in params]
+        all_greedy, all_random = all(greedy), not any(greedy)
+
+        def upload(values, dtype):
+            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+        top_k = [p.top_k for p in params]
+        top_p = [p.top_p for p in params]
+        any_top_k = any(k > 0 for k in top_k)
+        logprobs = [p.logprobs for p in params if p.logprobs is not None]
+        return cls(
+            temperature=None if all_greedy else upload([p.temperature for p in params], torch.float32),
+            all_greedy=all_greedy,
+            all_random=all_random,
+            top_p=upload(top_p, torch.float32) if any(v < 1 for v in top_p) and not all_greedy else None,
+            top_k=upload(top_k, torch.int64) if any_top_k and not all_greedy else None,
+            generators={row: g for row, g in (generators or {}).items() if not greedy[row]},
+            max_num_logprobs=max(logprobs) if logprobs else None,
+            logitsprocs=logitsprocs if logitsprocs is not None else LogitsProcessors(),
+            max_top_k=max(top_k) if any_top_k and all(k > 0 for k in top_k) else None,
+        )
+
+    def prefetch_noise(self, batch_size: int, vocab_size: int, *, backend: str | torch.device | Backend | None = None) -> None:
+        """Draw this step's sampling noise now, on the backend's side stream, so that it overlaps
+        the model's forward pass (nothing to draw for all-greedy batches)."""
+        if not self.all_greedy:
+            self.noise = ops.draw_sampling_noise(batch_size, vocab_size, self.generators, backend=backend)
+
+
+class LogprobsTensors(NamedTuple):
+    """Per row: the sampled token then the top-n tokens, their log-probabilities, and the sampled
+    token's rank (1 = the most likely; ties rank together)."""
+
+    logprob_token_ids: torch.Tensor  # int32 (B, n + 1)
+    logprobs: torch.Tensor  # float32 (B, n + 1)
+    selected_token_ranks: torch.Tensor  # int64 (B,)
+
+    def tolists(self) -> tuple[list[list[int]], list[list[float]], list[int]]:
+        """Python lists (a host sync: call it after the step)."""
+        return self.logprob_token_ids.tolist(), self.logprobs.tolist(), self.selected_token_ranks.tolist()
+
+
+class SamplerOutput(NamedTuple):
+    sampled_token_ids: torch.Tensor  # int32 (B, 1), as vLLM's
+    logprobs_tensors: LogprobsTensors | None
+
+
+class Sampler:
+    """Samples one token per row from float logits (B, V) given SamplingMetadata.
+
+    logprobs_mode: "raw_logprobs" (of the model's logits, vLLM's default) or "processed_logprobs"
+    (after processors, temperature and top-k/top-p). The logits may be modified in place.
+    """
+
+    def __init__(self, *, logprobs_mode: str = "raw_logprobs", backend: str | torch.device | Backend | None = None) -> None:
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}")
+        self.logprobs_mode = logprobs_mode
+        self.backend = None if backend is None else get_backend(backend)
+
+    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        ops.check_logits(logits)
+        raw_logprobs = None
+        if metadata.max_num_logprobs is not None and self.logprobs_mode == "raw_logprobs":
+            raw_logprobs = compute_logprobs(logits)
+        logits = logits.to(torch.float32)
+        for processor in metadata.logitsprocs.non_argmax_invariant:
+            logits = processor.apply(logits)
+        sampled, processed_logprobs = self._sample(logits, metadata)
+        logprobs_tensors = None
+        if metadata.max_num_logprobs is not None:
+            source = raw_logprobs if raw_logprobs is not None else processed_logprobs
+            logprobs_tensors = gather_logprobs(source, metadata.max_num_logprobs, sampled)
+        return SamplerOutput(sampled.to(torch.int32).unsqueeze(1), logprobs_tensors)
+
+    forward = __call__
+
+    def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+        want_processed = metadata.max_num_logprobs is not None and self.logprobs_mode == "processed_logprobs"
+        greedy = None if metadata.all_random else logits.argmax(dim=-1)
+        if metadata.all_greedy:
+            return greedy, compute_logprobs(logits) if want_processed else None
+        if metadata.temperature is None or metadata.temperature.shape != (logits.shape[0],):
+            raise ValueError(f"metadata.temperature must have shape ({logits.shape[0]},) for a batch with random rows")
+        ops.apply_temperature(logits, metadata.temperature, all_random=metadata.all_random)
+        for processor in metadata.logitsprocs.argmax_invariant:
+            logits = processor.apply(logits)
+        logits = ops.apply_top_k_top_p(logits, metadata.top_k, metadata.top_p, max_top_k=metadata.max_top_k, backend=self.backend)
+        processed = compute_logprobs(logits) if want_processed else None
+        probs = ops.compute_probs(logits)
+        sampled = ops.random_sample(probs, metadata.generators, backend=self.backend, noise=metadata.noise)
+        if greedy is not None:
+            sampled = torch.where(metadata.temperature < SAMPLING_EPS, greedy, sampled)
+        return sampled, processed
+
+
+def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
+    return logits.log_softmax(dim=-1, dtype=torch.float32)
+
+
+def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor) -> LogprobsTensors:
+    """The sampled token's log-probability and rank, then the top `num_logprobs` per row."""
+    top_values, top_indices = logprobs.topk(num_logprobs, dim=-1)
+    token_ids = token_ids.to(torch.int64).unsqueeze(1)
+    token_logprobs = logprobs.gather(1, token_ids)
+    ranks = (logprobs >= token_logprobs).sum(dim=-1)
+    return LogprobsTensors(
+        torch.cat((token_ids, top_indices), dim=1).to(torch.int32),
+        torch.cat((token_logprobs, top_values), dim=1),
+        ranks,
+    )

@@ -1,0 +1,31 @@
+"""Helpers for the sampling tests (a module with a unique name: test directories have no __init__)."""
+import numpy as np
+from scipy import stats
+
+ALPHA = 1e-6
+
+
+def chi_square_pvalue(samples, probs) -> float:
+    """Goodness of fit of integer samples to `probs` (1-D, sums to 1); bins with expected counts
+    below 5 are pooled, as the test requires."""
+    probs = np.asarray(probs, dtype=np.float64)
+    probs = probs / probs.sum()
+    counts = np.bincount(np.asarray(samples), minlength=len(probs)).astype(np.float64)
+    assert counts[probs == 0].sum() == 0, f"sampled zero-probability tokens {np.nonzero((probs == 0) & (counts > 0))[0]}"
+    n = counts.sum()
+    expected = probs * n
+    big = expected >= 5
+    obs = list(counts[big])
+    exp = list(expected[big])
+    if (~big & (probs > 0)).any():
+        obs.append(counts[~big].sum())
+        exp.append(expected[~big].sum())
+    if len(obs) < 2:
+        return 1.0
+    return float(stats.chisquare(obs, exp).pvalue)
+
+
+def interpreted_triton(backend) -> bool:
+    """The emulated NPU running Triton kernels under TRITON_INTERPRET=1: correct but slow, so the
+    big-shape and many-example tests leave it to dedicated smaller tests."""
+    return backend.device.type == "cpu" and backend.capabilities.triton
