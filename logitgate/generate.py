@@ -193,6 +193,11 @@ def generate(
         raise ValueError(f"num_speculative_tokens must be in [0, 128], got {num_speculative_tokens}")
     if ngram is not None and ngram < 1:
         raise ValueError(f"ngram must be >= 1, got {ngram}")
+    if manager is not None and (draft_model is not None or ngram is not None) and manager.num_speculative_tokens < num_speculative_tokens:
+        raise ValueError(
+            f"the StructuredOutputManager allows {manager.num_speculative_tokens} drafts per step but "
+            f"num_speculative_tokens={num_speculative_tokens}; build it with num_speculative_tokens>={num_speculative_tokens}"
+        )
     device = torch.device(device) if device is not None else torch.device("cpu")
     stats = GenerationStats()
     seqs: list[_Seq] = []

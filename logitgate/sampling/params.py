@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import enum
 import math
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+# One StructuredOutputsParams for the whole library: the structured-outputs manager consumes it.
+from ..structured.params import StructuredOutputsParams
 
 __all__ = ["SAMPLING_EPS", "SamplingParams", "SamplingType", "StructuredOutputsParams"]
 
 # Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): dividing by them overflows.
 SAMPLING_EPS = 1e-5
-
-CONSTRAINT_KINDS = ("json", "json_object", "regex", "grammar", "choice", "structural_tag", "prefix_dict", "token_trie")
 
 
 def _is_int(value: Any) -> bool:
@@ -26,78 +26,6 @@ def _is_int(value: Any) -> bool:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-@dataclass
-class StructuredOutputsParams:
-    """A structured-output constraint: exactly one of the constraint fields is set.
-
-    json: a JSON schema (dict or JSON string); json_object: True for any JSON object; regex: a
-    regular expression; grammar: an EBNF grammar; choice: a non-empty list of allowed strings;
-    structural_tag: an xgrammar structural tag (dict or JSON string); prefix_dict: an RTP-LLM tree
-    config (dict, JSON string or path); token_trie: a TokenTreePayload (dict, JSON string or path).
-    `end_token_id` is the token a token_trie ends with (default: the model's EOS); `disable_any_whitespace`
-    asks JSON grammars for compact output (vLLM's option).
-    """
-
-    json: str | dict | None = None
-    json_object: bool | None = None
-    regex: str | None = None
-    grammar: str | None = None
-    choice: list[str] | None = None
-    structural_tag: str | dict | None = None
-    prefix_dict: str | dict | os.PathLike | None = None
-    token_trie: str | dict | os.PathLike | None = None
-    disable_any_whitespace: bool = False
-    end_token_id: int | None = None
-
-    def __post_init__(self) -> None:
-        given = [name for name in CONSTRAINT_KINDS if self._is_set(name)]
-        if len(given) != 1:
-            got = ", ".join(given) if given else "none"
-            raise ValueError(f"StructuredOutputsParams needs exactly one of {', '.join(CONSTRAINT_KINDS)}; got {got}")
-        kind = given[0]
-        value = getattr(self, kind)
-        if kind == "json" and not isinstance(value, (str, dict)):
-            raise ValueError(f"json must be a JSON schema as a dict or a JSON string, got {type(value).__name__}")
-        if kind == "json_object" and value is not True:
-            raise ValueError(f"json_object must be True or None, got {value!r}")
-        if kind in ("regex", "grammar") and not (isinstance(value, str) and value):
-            raise ValueError(f"{kind} must be a non-empty string, got {value!r}")
-        if kind == "choice":
-            if not isinstance(value, (list, tuple)) or not value:
-                raise ValueError(f"choice must be a non-empty list of strings, got {value!r}")
-            for i, item in enumerate(value):
-                if not isinstance(item, str):
-                    raise ValueError(f"choice[{i}] must be a string, got {type(item).__name__}")
-            self.choice = list(value)
-        if kind == "structural_tag" and not isinstance(value, (str, dict)):
-            raise ValueError(f"structural_tag must be a dict or a JSON string, got {type(value).__name__}")
-        if kind in ("prefix_dict", "token_trie") and not isinstance(value, (str, dict, os.PathLike)):
-            raise ValueError(f"{kind} must be a dict, a JSON string or a path, got {type(value).__name__}")
-        if self.end_token_id is not None:
-            if kind != "token_trie":
-                raise ValueError(f"end_token_id applies to token_trie only, not to {kind}")
-            if not _is_int(self.end_token_id) or self.end_token_id < 0:
-                raise ValueError(f"end_token_id must be a non-negative int, got {self.end_token_id!r}")
-        if not isinstance(self.disable_any_whitespace, bool):
-            raise ValueError(f"disable_any_whitespace must be a bool, got {self.disable_any_whitespace!r}")
-
-    def _is_set(self, name: str) -> bool:
-        value = getattr(self, name)
-        if name == "json_object":
-            return value is not None and value is not False
-        return value is not None
-
-    @property
-    def kind(self) -> str:
-        """The name of the constraint field that is set ("json", "regex", ...)."""
-        return next(name for name in CONSTRAINT_KINDS if self._is_set(name))
-
-    @property
-    def value(self) -> Any:
-        """The constraint itself (the value of the field named by `kind`)."""
-        return getattr(self, self.kind)
 
 
 class SamplingType(enum.IntEnum):

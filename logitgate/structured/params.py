@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,8 +33,9 @@ class StructuredOutputsParams:
     - ``choice``: the output is exactly one of these strings.
     - ``structural_tag``: an xgrammar structural tag (dict or JSON string).
     - ``prefix_dict``: an RTP-LLM prefix-dict config (path, JSON string or dict) for TreeDFA.
-    - ``token_trie``: a TokenTreePayload (JSON string or dict) for TreeDFA; its end token is the
-      payload's top-level ``end_token_id`` if present, else the tokenizer's first stop token.
+    - ``token_trie``: a TokenTreePayload (JSON string or dict) for TreeDFA; its end token is
+      ``end_token_id``, else the payload's top-level ``end_token_id``, else the tokenizer's first
+      stop token.
     - ``disable_any_whitespace``: JSON without free whitespace (``json`` / ``json_object``).
     - ``enable_in_reasoning``: constrain the reasoning span too; None = the manager's default.
     """
@@ -48,6 +50,7 @@ class StructuredOutputsParams:
     token_trie: str | Mapping[str, Any] | None = None
     disable_any_whitespace: bool = False
     enable_in_reasoning: bool | None = None
+    end_token_id: int | None = None  # token_trie only
 
     def __post_init__(self) -> None:
         set_kinds = [k for k in CONSTRAINT_KINDS if _is_set(k, getattr(self, k))]
@@ -60,20 +63,29 @@ class StructuredOutputsParams:
         value = getattr(self, kind)
         if kind == "json_object" and value is not True:
             raise ValueError(f"json_object must be True or None, got {value!r}")
-        if kind in ("regex", "grammar") and not isinstance(value, str):
-            raise ValueError(f"{kind} must be a string, got {type(value).__name__}")
-        if kind in ("json", "structural_tag", "prefix_dict", "token_trie") and not isinstance(value, (str, Mapping)):
-            raise ValueError(f"{kind} must be a dict or a JSON string, got {type(value).__name__}")
+        if kind in ("regex", "grammar") and not (isinstance(value, str) and value):
+            raise ValueError(f"{kind} must be a non-empty string, got {value!r}")
+        if kind == "json" and not isinstance(value, (str, Mapping)):
+            raise ValueError(f"json must be a JSON schema as a dict or a JSON string, got {type(value).__name__}")
+        if kind == "structural_tag" and not isinstance(value, (str, Mapping)):
+            raise ValueError(f"structural_tag must be a dict or a JSON string, got {type(value).__name__}")
+        if kind in ("prefix_dict", "token_trie") and not isinstance(value, (str, Mapping, os.PathLike)):
+            raise ValueError(f"{kind} must be a dict, a JSON string or a path, got {type(value).__name__}")
         if kind == "choice":
-            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-                raise ValueError(f"choice must be a list of strings, got {type(value).__name__}")
-            if not value:
-                raise ValueError("choice must name at least one string")
+            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
+                raise ValueError(f"choice must be a non-empty list of strings, got {value!r}")
             for i, item in enumerate(value):
                 if not isinstance(item, str):
                     raise ValueError(f"choice[{i}] must be a string, got {type(item).__name__}")
             # Frozen means hashable: store the choices as a tuple.
             object.__setattr__(self, "choice", tuple(value))
+        if self.end_token_id is not None:
+            if kind != "token_trie":
+                raise ValueError(f"end_token_id applies to token_trie only, not to {kind}")
+            if not isinstance(self.end_token_id, int) or isinstance(self.end_token_id, bool) or self.end_token_id < 0:
+                raise ValueError(f"end_token_id must be a non-negative int, got {self.end_token_id!r}")
+        if not isinstance(self.disable_any_whitespace, bool):
+            raise ValueError(f"disable_any_whitespace must be a bool, got {self.disable_any_whitespace!r}")
 
     @property
     def kind(self) -> str:
@@ -81,15 +93,27 @@ class StructuredOutputsParams:
         return next(k for k in CONSTRAINT_KINDS if _is_set(k, getattr(self, k)))
 
     @property
-    def spec(self) -> Any:
-        """The value of the constraint field that is set."""
+    def value(self) -> Any:
+        """The value of the constraint field that is set, as given."""
         return getattr(self, self.kind)
+
+    @property
+    def spec(self) -> Any:
+        """What the grammar engine compiles: the value, with a token_trie's `end_token_id` folded
+        into the payload (where the tree backend reads it)."""
+        value = self.value
+        if self.kind == "token_trie" and self.end_token_id is not None:
+            payload = json.loads(value) if isinstance(value, str) else dict(value)
+            return {**payload, "end_token_id": self.end_token_id}
+        return value
 
     def cache_key(self) -> tuple[str, str, bool]:
         """A hashable key equal for equal constraints (dicts compared by content, keys sorted)."""
         spec = self.spec
         if isinstance(spec, Mapping):
             text = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+        elif isinstance(spec, os.PathLike):
+            text = os.fspath(spec)
         elif isinstance(spec, tuple):
             text = json.dumps(list(spec))
         else:

@@ -75,7 +75,8 @@ def test_stop_tokens_and_vocabulary_check():
 def test_structured_outputs_one_constraint(kwargs, kind):
     params = StructuredOutputsParams(**kwargs)
     assert params.kind == kind
-    assert params.value == kwargs[kind]
+    # Sequences are stored as tuples (the params are frozen and hashable).
+    assert params.value == (tuple(kwargs[kind]) if kind == "choice" else kwargs[kind])
     assert SamplingParams(structured_outputs=params).structured_outputs is params
 
 

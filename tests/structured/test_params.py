@@ -42,11 +42,11 @@ def test_json_object_false_is_not_a_constraint():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"regex": 3}, "regex must be a string"),
-        ({"grammar": ["x"]}, "grammar must be a string"),
-        ({"json": 5}, "json must be a dict or a JSON string"),
-        ({"choice": "abc"}, "choice must be a list of strings"),
-        ({"choice": []}, "at least one"),
+        ({"regex": 3}, "regex must be a non-empty string"),
+        ({"grammar": ["x"]}, "grammar must be a non-empty string"),
+        ({"json": 5}, "json must be a JSON schema as a dict or a JSON string"),
+        ({"choice": "abc"}, "choice must be a non-empty list of strings"),
+        ({"choice": []}, "choice must be a non-empty list of strings"),
         ({"choice": ["a", 2]}, r"choice\[1\]"),
         ({"json_object": 1}, "json_object must be True or None"),
     ],

@@ -1,0 +1,170 @@
+"""The reference decode loop: speculative decoding and forced tokens never change what is sampled."""
+import itertools
+
+import pytest
+import torch
+from scipy import stats as scistats
+
+from logitgate import TreeDFA
+from logitgate.generate import Request, generate
+from logitgate.sampling.params import SamplingParams
+
+V, EOS, ROOT = 12, 10, 11
+PATHS = [[1, 2], [1, 3], [4], [4, 5, 6], [7], [1, 2, 8]]
+
+
+class Bigram:
+    """A 'model' whose next-token logits depend on the last token only: exact distributions are
+    computable, and it is fast enough to decode thousands of sequences."""
+
+    def __init__(self, seed: int, scale: float = 2.0) -> None:
+        self.table = torch.randn(V, V, generator=torch.Generator().manual_seed(seed)) * scale
+
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.table[input_ids]
+
+
+TARGET, DRAFT = Bigram(0), Bigram(1)
+TREE = TreeDFA.from_sequences(PATHS, end_token_id=EOS, vocab_size=V)
+
+
+def exact_distribution(model: Bigram, temperature: float = 1.0) -> dict[tuple, float]:
+    """P(sequence) under the tree-constrained model, for every complete path (ending in EOS)."""
+    out = {}
+    def walk(state, last, prefix, p):
+        allowed = TREE.allowed(state)
+        logits = model.table[last] / temperature
+        probs = torch.softmax(logits[allowed].double(), 0)
+        for token, q in zip(allowed, probs.tolist()):
+            if token == EOS:
+                out[tuple(prefix + [EOS])] = p * q
+            else:
+                walk(TREE.step(state, token), token, prefix + [token], p * q)
+    walk(TREE.root, ROOT, [], 1.0)
+    return out
+
+
+def run(n: int, seed: int, **kwargs):
+    requests = [Request([ROOT], SamplingParams(temperature=1.0, max_tokens=8, seed=seed + i), tree=TREE) for i in range(n)]
+    return generate(TARGET, requests, eos_token_id=EOS, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},
+        {"jump_forward": False},
+        {"draft_model": DRAFT, "num_speculative_tokens": 3},
+        {"draft_model": DRAFT, "num_speculative_tokens": 3, "jump_forward": False},
+        {"ngram": 1, "num_speculative_tokens": 2},
+    ],
+    ids=["plain+forced", "plain", "draft+forced", "draft", "ngram"],
+)
+def test_constrained_sampling_follows_the_exact_distribution(config):
+    expected = exact_distribution(TARGET)
+    result = run(3000, 1000, **config)
+    counts = dict.fromkeys(expected, 0)
+    for out in result.outputs:
+        seq = tuple(out.token_ids)
+        assert seq in counts, f"{seq} is not a tree path"
+        counts[seq] += 1
+    keys = sorted(expected)
+    observed = [counts[k] for k in keys]
+    exp = [expected[k] * len(result.outputs) for k in keys]
+    assert scistats.chisquare(observed, exp).pvalue > 1e-6
+    if "draft_model" in config:
+        assert result.stats.proposed_drafts > 0 and 0 < result.stats.acceptance_rate <= 1
+
+
+def test_greedy_is_identical_with_and_without_speculation():
+    requests = lambda: [Request([ROOT, t], SamplingParams(temperature=0.0, max_tokens=6)) for t in range(10)]  # noqa: E731
+    plain = generate(TARGET, requests(), eos_token_id=EOS)
+    for kwargs in ({"draft_model": DRAFT, "num_speculative_tokens": 4}, {"ngram": 1, "num_speculative_tokens": 3}):
+        spec = generate(TARGET, requests(), eos_token_id=EOS, **kwargs)
+        assert [o.token_ids for o in spec.outputs] == [o.token_ids for o in plain.outputs]
+        assert spec.stats.target_forward_passes <= plain.stats.target_forward_passes
+    # Unconstrained greedy is argmax of the bigram table, step by step.
+    for out, t in zip(plain.outputs, range(10)):
+        last = t
+        for token in out.token_ids:
+            assert token == int(TARGET.table[last].argmax())
+            last = token
+
+
+def test_forced_tokens_are_emitted_without_target_passes():
+    tree = TreeDFA.from_sequences([[3, 4, 5, 6, 7]], end_token_id=EOS, vocab_size=V)
+    req = [Request([ROOT], SamplingParams(temperature=1.0, max_tokens=10, seed=0), tree=tree)]
+    with_forced = generate(TARGET, req, eos_token_id=EOS)
+    assert with_forced.outputs[0].token_ids == [3, 4, 5, 6, 7, EOS]
+    # The end token after a completed path is forced too: all six tokens come from one target pass.
+    assert with_forced.stats.target_forward_passes == 1 and with_forced.stats.forced_tokens == 6
+    without = generate(TARGET, req, eos_token_id=EOS, jump_forward=False)
+    assert without.outputs[0].token_ids == [3, 4, 5, 6, 7, EOS] and without.stats.target_forward_passes == 6
+
+
+def test_seeds_reproduce_and_n_forks():
+    params = SamplingParams(temperature=1.0, max_tokens=8, seed=7, n=4)
+    a = generate(TARGET, [Request([ROOT], params, tree=TREE)], eos_token_id=EOS, draft_model=DRAFT, num_speculative_tokens=2)
+    b = generate(TARGET, [Request([ROOT], params, tree=TREE)], eos_token_id=EOS, draft_model=DRAFT, num_speculative_tokens=2)
+    assert [o.token_ids for o in a.outputs] == [o.token_ids for o in b.outputs]
+    assert [o.sample_index for o in a.outputs] == [0, 1, 2, 3]
+    assert all(tuple(o.token_ids) in exact_distribution(TARGET) for o in a.outputs)
+
+
+def test_stop_tokens_and_max_tokens():
+    out = generate(TARGET, [Request([0], SamplingParams(temperature=0.0, max_tokens=3))], eos_token_id=None).outputs[0]
+    assert len(out.token_ids) == 3 and out.finish_reason == "length"
+    first = int(TARGET.table[0].argmax())
+    out = generate(TARGET, [Request([0], SamplingParams(temperature=0.0, max_tokens=5, stop_token_ids=[first]))], eos_token_id=None).outputs[0]
+    assert out.token_ids == [first] and out.finish_reason == "stop"
+
+
+def test_grammar_constraints_through_the_manager():
+    xgrammar = pytest.importorskip("xgrammar")
+    from logitgate.structured import StructuredOutputManager, StructuredOutputsParams
+
+    vocab = [bytes([b]) for b in b"0123456789"] + [b"<eos>", b"<root>"]
+    info = xgrammar.TokenizerInfo([v.decode("latin-1") for v in vocab], vocab_size=V, stop_token_ids=[EOS])
+    manager = StructuredOutputManager(info, vocab_size=V, num_speculative_tokens=3)
+    try:
+        params = SamplingParams(temperature=1.0, max_tokens=8, seed=3, structured_outputs=StructuredOutputsParams(regex="1[2-4]5?"))
+        result = generate(TARGET, [Request([ROOT], params)] * 20, eos_token_id=EOS, manager=manager, draft_model=DRAFT, num_speculative_tokens=3)
+        for out in result.outputs:
+            text = "".join(str(t) for t in out.token_ids if t != EOS)
+            assert text in {"12", "13", "14", "125", "135", "145"}, out.token_ids
+            assert out.token_ids[-1] == EOS
+    finally:
+        manager.close()
+
+
+@pytest.mark.parametrize(
+    "request_, message",
+    [
+        (Request([ROOT], SamplingParams(min_p=0.1)), "min_p is not supported"),
+        (Request([], SamplingParams()), "empty prompt"),
+        (Request([ROOT], SamplingParams(max_tokens=None)), "max_tokens must be set"),
+    ],
+)
+def test_bad_requests_are_named(request_, message):
+    with pytest.raises(ValueError, match=message):
+        generate(TARGET, [request_], eos_token_id=EOS)
+
+
+def test_manager_must_allow_the_drafts():
+    from logitgate.structured import StructuredOutputManager
+
+    manager = StructuredOutputManager(vocab_size=V, num_speculative_tokens=1)
+    try:
+        with pytest.raises(ValueError, match="allows 1 drafts per step but num_speculative_tokens=3"):
+            generate(TARGET, [], eos_token_id=EOS, manager=manager, draft_model=DRAFT, num_speculative_tokens=3)
+    finally:
+        manager.close()
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="draft_model or ngram"):
+        generate(TARGET, [], eos_token_id=EOS, draft_model=DRAFT, ngram=2)
+    with pytest.raises(ValueError, match="no StructuredOutputManager"):
+        from logitgate.structured import StructuredOutputsParams
+
+        generate(TARGET, [Request([ROOT], SamplingParams(structured_outputs=StructuredOutputsParams(regex="1")))], eos_token_id=EOS)
