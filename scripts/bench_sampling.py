@@ -12,14 +12,12 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 
 import numba
 import torch
 
 from logitgate.backends.reference import apply_top_k_top_p_reference
-from logitgate.benchmarking import emit, median_seconds, plot_bars
+from logitgate.benchmarking import emit, fresh_process_seconds, median_seconds, plot_bars
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, ops
 
 SHAPES = [(1, 128256), (8, 128256), (64, 128256), (256, 151936)]
@@ -36,12 +34,6 @@ ops.apply_top_k_top_p(torch.randn(64, 128256), torch.full((64,), 50), torch.full
 t2 = time.perf_counter()
 print(t1 - t0, t2 - t1)
 """
-
-
-def first_call_seconds() -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", FIRST_CALL], capture_output=True, text=True, check=True)
-    import_s, call_s = map(float, out.stdout.split())
-    return {"import_s": import_s, "first_call_s": call_s}
 
 
 def make_logits(rows: int, vocab: int) -> torch.Tensor:
@@ -131,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
         "backend": "cpu",
         "torch_threads": torch.get_num_threads(),
         "numba_threads": numba.get_num_threads(),
-        "fresh_process": first_call_seconds(),
+        "fresh_process": fresh_process_seconds(FIRST_CALL),
         "goal": GOAL,
         "goal_met": main_row["speedup_vs_multinomial"] >= 3 and main_row["speedup_vs_exponential_trick"] >= 3,
         "rows": rows,

@@ -23,7 +23,7 @@ class CpuBackend(Backend):
         return {
             "apply_token_bitmask": "numba (parallel over rows x 4096-token chunks, -1 words skipped)",
             "random_sample": "inverse CDF, one float64 uniform per row (numba: block sums, then one block)",
-            "top_k_top_p": "numba (top-k: k-element heap / introselect; top-p: 4096-bucket histogram, one bucket sorted)",
+            "top_k_top_p": "numba (top-k: k-element heap, or bucket selection for k > 512; top-p: 4096-bucket probability histogram, one bucket sorted)",
         }
 
     def apply_token_bitmask(self, logits, bitmask, rows, vocab_size) -> None:
