@@ -1,6 +1,7 @@
 """logitgate: the layer between a model's logits and its next tokens — constraints, sampling and
 speculative-decoding verification with one API on CUDA, Ascend NPU and CPU."""
 from .backends import Backend, Capabilities, get_backend
+from .sampling import Sampler, SamplingMetadata, SamplingParams, StructuredOutputsParams
 from .structured.bitmask import (
     allocate_token_bitmask,
     apply_token_bitmask_inplace,
@@ -16,6 +17,10 @@ __version__ = "0.1.0"
 __all__ = [
     "Backend",
     "Capabilities",
+    "Sampler",
+    "SamplingMetadata",
+    "SamplingParams",
+    "StructuredOutputsParams",
     "__version__",
     "allocate_token_bitmask",
     "apply_token_bitmask_inplace",

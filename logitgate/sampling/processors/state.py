@@ -236,12 +236,14 @@ class TokenMask:
         return self._banned is None and self._forced is None
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        # Scalars made with torch.full on the device: torch.tensor(x, device=...) would be a
+        # blocking host-to-device copy.
         if self._banned is not None:
-            logits.index_put_(self._banned, torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
+            logits.index_put_(self._banned, torch.full((), float("-inf"), dtype=logits.dtype, device=logits.device))
         if self._forced is not None:
             rows, tokens = self._forced
             logits.index_fill_(0, rows, float("-inf"))
-            logits.index_put_((rows, tokens), torch.tensor(0.0, dtype=logits.dtype, device=logits.device))
+            logits.index_put_((rows, tokens), torch.zeros((), dtype=logits.dtype, device=logits.device))
         return logits
 
 
