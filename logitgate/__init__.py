@@ -1,6 +1,7 @@
 """logitgate: the layer between a model's logits and its next tokens — constraints, sampling and
 speculative-decoding verification with one API on CUDA, Ascend NPU and CPU."""
 from .backends import Backend, Capabilities, get_backend
+from .sampling import Sampler, SamplingMetadata, SamplingParams, StructuredOutputsParams
 from .structured.bitmask import (
     allocate_token_bitmask,
     apply_token_bitmask_inplace,
@@ -11,7 +12,6 @@ from .structured.bitmask import (
     token_ids_from_bitmask,
 )
 from .structured.manager import StructuredOutputManager
-from .structured.params import StructuredOutputsParams
 from .structured.speculative import apply_grammar_bitmask, strip_speculative_padding
 from .structured.tree import TreeDFA
 
@@ -20,6 +20,9 @@ __version__ = "0.1.0"
 __all__ = [
     "Backend",
     "Capabilities",
+    "Sampler",
+    "SamplingMetadata",
+    "SamplingParams",
     "StructuredOutputManager",
     "StructuredOutputsParams",
     "TreeDFA",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +26,13 @@ def median_seconds(fn: Callable[[], Any], *, repeats: int = 15, warmup: int = 2,
             sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def fresh_process_seconds(code: str) -> dict[str, float]:
+    """Run `code` in a new interpreter; it prints "<import seconds> <first call seconds>"."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    import_s, call_s = map(float, out.stdout.split())
+    return {"import_s": import_s, "first_call_s": call_s}
 
 
 def emit(result: dict[str, Any], out: str | None) -> None:

@@ -7,14 +7,12 @@ unpack + masked_fill — one process, medians of many runs. Also the first call 
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 
 import torch
 
 import logitgate
 from logitgate.backends.reference import apply_token_bitmask_reference, pack_bitmask
-from logitgate.benchmarking import emit, median_seconds, plot_bars
+from logitgate.benchmarking import emit, fresh_process_seconds, median_seconds, plot_bars
 
 SHAPES = [(1, 32000), (8, 128256), (64, 128256), (256, 151936)]
 DENSITIES = [0.5, 0.01]
@@ -29,12 +27,6 @@ logitgate.apply_token_bitmask_inplace(logits, bitmask)
 t2 = time.perf_counter()
 print(t1 - t0, t2 - t1)
 """
-
-
-def first_call_seconds() -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", FIRST_CALL], capture_output=True, text=True, check=True)
-    import_s, call_s = map(float, out.stdout.split())
-    return {"import_s": import_s, "first_call_s": call_s}
 
 
 def bench_shape(rows: int, vocab: int, density: float, repeats: int) -> dict:
@@ -73,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
         "benchmark": "bitmask_apply",
         "backend": "cpu",
         "torch_threads": torch.get_num_threads(),
-        "fresh_process": first_call_seconds(),
+        "fresh_process": fresh_process_seconds(FIRST_CALL),
         "goal": "(64,128256): <= 1.5x memcpy, >= 5x faster than xgrammar_cpu; first call < 2 s",
         "rows": [bench_shape(r, v, d, repeats) for r, v in shapes for d in DENSITIES],
     }

@@ -29,7 +29,7 @@ class CpuBackend(Backend):
             "rejection_random_accept": "numba (per request, one logsumexp per examined row, no softmax written)",
             "rejection_recover": "numba inverse CDF (rejected row only, one uniform per request)",
             "random_sample": "inverse CDF, one float64 uniform per row (numba: block sums, then one block)",
-            "top_k_top_p": "numba (top-k: k-element heap / introselect; top-p: 4096-bucket histogram, one bucket sorted)",
+            "top_k_top_p": "numba (top-k: k-element heap, or bucket selection for k > 512; top-p: 4096-bucket probability histogram, one bucket sorted)",
         }
 
     def apply_token_bitmask(self, logits, bitmask, rows, vocab_size) -> None:

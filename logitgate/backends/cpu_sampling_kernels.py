@@ -8,20 +8,36 @@ import torch
 
 # Tokens per block of the inverse-CDF draw: the first pass sums blocks, the second walks one block.
 _CDF_BLOCK = 2048
-# Top-k values up to this size use a k-element min-heap (one pass); larger k use introselect.
+# Top-k values up to this size use a k-element min-heap (one pass); larger k a bucket histogram.
 _HEAP_MAX_K = 512
 # Top-p histogram: the 12 high bits of a non-negative float32 (exponent + 4 mantissa bits) give
 # 4096 buckets ordered like the values, 16 per octave.
 _BUCKET_SHIFT = 19
 _NUM_BUCKETS = 4096
+# Top-k buckets: the 12 high bits of a signed ordered key (sign, exponent, 3 mantissa bits).
+_KEY_SHIFT = 20
 
 
-@numba.njit(fastmath={"reassoc"}, cache=True, nogil=True, boundscheck=False)
+@numba.njit(cache=True, nogil=True, boundscheck=False)
 def _block_sum(row, start, end):  # pragma: no cover - jitted
-    total = 0.0
-    for i in range(start, end):
-        total += np.float64(row[i])
-    return total
+    # Eight independent float64 accumulators: LLVM vectorises this, not a single running sum
+    # (3x faster here), and float64 keeps the cumulative distribution exact to ~1e-16.
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    i = start
+    while i + 8 <= end:
+        a0 += row[i]
+        a1 += row[i + 1]
+        a2 += row[i + 2]
+        a3 += row[i + 3]
+        a4 += row[i + 4]
+        a5 += row[i + 5]
+        a6 += row[i + 6]
+        a7 += row[i + 7]
+        i += 8
+    while i < end:
+        a0 += row[i]
+        i += 1
+    return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
 
 
 @numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
@@ -90,14 +106,45 @@ def _sift_down(heap, pos, size):  # pragma: no cover - jitted
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _kth_largest(row, k):  # pragma: no cover - jitted
+def _kth_largest_by_buckets(row, bits, k):  # pragma: no cover - jitted
+    """The k-th largest of a row in two passes: count values per bucket of their 12 high ordered
+    bits, then select within the one bucket that holds the k-th."""
+    count = np.zeros(_NUM_BUCKETS, np.int64)
+    for i in range(row.shape[0]):
+        count[_ordered_bucket(bits[i])] += 1
+    above = 0
+    boundary = _NUM_BUCKETS - 1
+    while above + count[boundary] < k:
+        above += count[boundary]
+        boundary -= 1
+    members = np.empty(count[boundary], row.dtype)
+    j = 0
+    for i in range(row.shape[0]):
+        if _ordered_bucket(bits[i]) == boundary:
+            members[j] = row[i]
+            j += 1
+    rank = k - above  # the rank-th largest member
+    return np.partition(members, members.shape[0] - rank)[members.shape[0] - rank]
+
+
+@numba.njit(inline="always")
+def _ordered_bucket(b):  # pragma: no cover - jitted
+    # Flip the magnitude bits of negative floats so that integer order is float order, then take
+    # the 12 high bits with the sign bit inverted: bucket order is value order.
+    key = b ^ 0x7FFFFFFF if b < 0 else b
+    return (key >> _KEY_SHIFT) + _NUM_BUCKETS // 2
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _kth_largest(row, bits, k):  # pragma: no cover - jitted
     if k > _HEAP_MAX_K:
-        scratch = row.copy()
-        return np.partition(scratch, row.shape[0] - k)[row.shape[0] - k]
+        return _kth_largest_by_buckets(row, bits, k)
     heap = row[:k].copy()
     for pos in range(k // 2 - 1, -1, -1):
         _sift_down(heap, pos, k)
     smallest = heap[0]
+    # A plain scan: the branch is almost never taken once the heap warmed up, so prediction makes
+    # it cheaper than testing chunks first (measured).
     for i in range(k, row.shape[0]):
         x = row[i]
         if x > smallest:
@@ -108,14 +155,14 @@ def _kth_largest(row, k):  # pragma: no cover - jitted
 
 
 @numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
-def _top_k_kernel(logits, k):  # pragma: no cover - jitted
+def _top_k_kernel(logits, bits, k):  # pragma: no cover - jitted
     vocab = logits.shape[1]
     for r in numba.prange(logits.shape[0]):
         kr = k[r]
         if kr <= 0 or kr >= vocab:
             continue
         row = logits[r]
-        kth = _kth_largest(row, kr)
+        kth = _kth_largest(row, bits[r], kr)
         for i in range(vocab):
             if row[i] < kth:
                 row[i] = -np.inf
@@ -133,7 +180,9 @@ def _top_p_kernel(logits, probs, bits, p):  # pragma: no cover - jitted
         mass = np.zeros(_NUM_BUCKETS, np.float64)
         count = np.zeros(_NUM_BUCKETS, np.int64)
         for i in range(vocab):
-            b = max(brow[i] >> _BUCKET_SHIFT, 0)
+            if brow[i] <= 0:  # zero (or negative garbage): no mass; after top-k most tokens are here
+                continue
+            b = brow[i] >> _BUCKET_SHIFT
             mass[b] += prow[i]
             count[b] += 1
         # The bucket where the mass accumulated from the top first reaches top_p holds the cut:
@@ -152,7 +201,7 @@ def _top_p_kernel(logits, probs, bits, p):  # pragma: no cover - jitted
         members = np.empty(count[boundary], np.float32)
         j = 0
         for i in range(vocab):
-            if max(brow[i] >> _BUCKET_SHIFT, 0) == boundary:
+            if brow[i] > 0 and brow[i] >> _BUCKET_SHIFT == boundary:
                 members[j] = prow[i]
                 j += 1
         members = np.sort(members)[::-1]
@@ -171,7 +220,7 @@ def _top_p_kernel(logits, probs, bits, p):  # pragma: no cover - jitted
 
 def apply_top_k_cpu(logits: torch.Tensor, k: torch.Tensor) -> None:
     """In place on float32 (B, V): keep logits >= the row's k-th largest (rows with k <= 0 or >= V untouched)."""
-    _top_k_kernel(logits.numpy(), k.to(torch.int64).contiguous().numpy())
+    _top_k_kernel(logits.numpy(), logits.view(torch.int32).numpy(), k.to(torch.int64).contiguous().numpy())
 
 
 def apply_top_p_cpu(logits: torch.Tensor, probs: torch.Tensor, p: torch.Tensor) -> None:

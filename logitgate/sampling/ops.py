@@ -102,8 +102,6 @@ def apply_top_k_top_p(
     _check_rows(p, logits, "p", integer=False)
     if (k is None and p is None) or logits.shape[0] == 0:
         return logits
-    if max_top_k is None and k is not None and k.device.type == "cpu" and bool((k > 0).all()):
-        max_top_k = int(k.max())  # free on host tensors
     chosen = backend_for_tensor(logits, backend)
     # Kernels take contiguous float32; other layouts are filtered on a copy and written back.
     work = logits if logits.dtype == torch.float32 and logits.is_contiguous() else logits.to(torch.float32).contiguous()

@@ -73,6 +73,11 @@ class SamplingMetadata:
         for i, p in enumerate(params):
             if not isinstance(p, SamplingParams):
                 raise ValueError(f"params[{i}] must be a SamplingParams, got {type(p).__name__}")
+        for row, generator in (generators or {}).items():
+            if not isinstance(row, int) or not 0 <= row < len(params):
+                raise ValueError(f"generators has row {row!r}, outside [0, {len(params)})")
+            if not isinstance(generator, torch.Generator):
+                raise ValueError(f"generators[{row}] must be a torch.Generator, got {type(generator).__name__}")
         device = torch.device(device)
         greedy = [p.sampling_type == SamplingType.GREEDY for p in params]
         all_greedy, all_random = all(greedy), not any(greedy)

@@ -156,6 +156,8 @@ def test_bad_metadata_and_modes():
         Sampler(logprobs_mode="raw")
     with pytest.raises(ValueError, match=r"params\[1\] must be a SamplingParams"):
         SamplingMetadata.from_params([SamplingParams(), {"temperature": 1.0}])
+    with pytest.raises(ValueError, match=r"generators has row 2, outside \[0, 2\)"):
+        SamplingMetadata.from_params([SamplingParams()] * 2, generators={2: make_generator(0)})
     meta = metadata_for([SamplingParams()] * 2)
     with pytest.raises(ValueError, match="temperature must have shape"):
         Sampler()(torch.randn(3, V), meta)

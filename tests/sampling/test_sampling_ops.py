@@ -261,3 +261,10 @@ def test_sampling_constraints_compose_temperature_and_filters(backend):
     apply_top_k_top_p_reference(expected, k, p)
     got = ops.apply_sampling_constraints(logits.clone(), temperature, k, p, backend=backend)
     assert torch.equal(got, expected)
+
+
+def test_backends_report_their_sampling_kernels(backend):
+    kernels = backend.kernels()
+    assert "random_sample" in kernels and "top_k_top_p" in kernels
+    expected_noise = NOISE_UNIFORM if backend.name == "cpu" else NOISE_EXPONENTIAL
+    assert backend.sampling_noise_kind == expected_noise

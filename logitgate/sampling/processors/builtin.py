@@ -9,7 +9,7 @@ import torch
 from .. import ops
 from ..params import SamplingParams
 from .interface import BatchUpdate, LogitsProcessor
-from .state import SpecDecodeLayout, TokenMask, process_dict_updates, validate_added
+from .state import SpecDecodeLayout, TokenMaskProcessor, process_dict_updates, validate_added
 
 __all__ = ["LogitBias", "MinP", "MinTokens", "builtin_logits_processors"]
 
@@ -110,22 +110,13 @@ class _MinTokensState:
         self.stop_ids = stop_ids
 
 
-class MinTokens(LogitsProcessor):
+class MinTokens(TokenMaskProcessor):
     """Mask a request's stop tokens (stop_token_ids and, unless ignore_eos, the EOS) until it has
     generated min_tokens tokens."""
 
     def __init__(self, vocab_size: int, device: torch.device | str = "cpu", *, eos_token_id: int | None = None) -> None:
-        self.vocab_size = vocab_size
-        self.device = torch.device(device)
+        super().__init__(vocab_size, device)
         self.eos_token_id = eos_token_id
-        self._states: dict[int, _MinTokensState] = {}
-        self._mask = TokenMask(self.device)
-
-    def is_argmax_invariant(self) -> bool:
-        return False
-
-    def validate_params(self, params: SamplingParams) -> None:
-        params.verify(self.vocab_size)
 
     def _new_state(self, params: SamplingParams, _prompt, output_ids: list[int]) -> _MinTokensState | None:
         stops = sorted(params.all_stop_token_ids(self.eos_token_id))
@@ -142,9 +133,6 @@ class MinTokens(LogitsProcessor):
         if changed or done:
             self._mask.set(((index, t) for index, state in self._states.items() for t in state.stop_ids), ())
 
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        return self._mask.apply(logits)
-
     def apply_with_spec_decode(self, logits, num_draft_tokens, draft_token_ids=None) -> torch.Tensor:
         layout = SpecDecodeLayout(num_draft_tokens, logits.shape[0], draft_token_ids)
         if not self._states:
@@ -154,9 +142,7 @@ class MinTokens(LogitsProcessor):
             # Position j follows j accepted drafts: the request then has len(output) + j tokens.
             still = max(0, min(state.min_tokens - len(state.output_ids), layout.num_draft_tokens[index] + 1))
             banned.extend((layout.row(index, j), t) for j in range(still) for t in state.stop_ids)
-        mask = TokenMask(self.device)
-        mask.set(banned, ())
-        return mask.apply(logits)
+        return self._apply_once(logits, banned, ())
 
 
 def builtin_logits_processors(

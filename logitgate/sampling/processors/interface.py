@@ -85,7 +85,8 @@ class LogitsProcessor(ABC):
         layout = SpecDecodeLayout(num_draft_tokens, logits.shape[0], draft_token_ids)
         for position in range(layout.max_positions):
             rows, present = layout.rows_at_position(position)
-            processed = self.apply(logits.index_select(0, rows.to(logits.device)))
+            processed = self.apply(logits.index_select(0, rows.to(logits.device, non_blocking=True)))
             keep = torch.as_tensor(present).nonzero().flatten()  # a host tensor: no device sync
-            logits.index_copy_(0, rows[keep].to(logits.device), processed.index_select(0, keep.to(logits.device)))
+            targets = rows[keep].to(logits.device, non_blocking=True)
+            logits.index_copy_(0, targets, processed.index_select(0, keep.to(logits.device, non_blocking=True)))
         return logits

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from ..params import SamplingParams
-from .interface import BatchUpdate, LogitsProcessor
-from .state import SpecDecodeLayout, TokenMask, process_dict_updates, validate_added
+from .interface import BatchUpdate
+from .state import SpecDecodeLayout, TokenMaskProcessor, process_dict_updates, validate_added
 
 __all__ = ["MultiSeq"]
 
@@ -32,24 +32,15 @@ class _SeqState:
         return self.finished
 
 
-class MultiSeq(LogitsProcessor):
+class MultiSeq(TokenMaskProcessor):
     """A row whose output contains one of its stop tokens (stop_token_ids, plus eos_token_id
     unless ignore_eos) allows only `eos_token_id` from then on."""
 
     def __init__(self, vocab_size: int, device: torch.device | str = "cpu", *, eos_token_id: int) -> None:
         if not isinstance(eos_token_id, int) or not 0 <= eos_token_id < vocab_size:
             raise ValueError(f"eos_token_id {eos_token_id!r} is outside the vocabulary [0, {vocab_size})")
-        self.vocab_size = vocab_size
-        self.device = torch.device(device)
+        super().__init__(vocab_size, device)
         self.eos_token_id = eos_token_id
-        self._states: dict[int, _SeqState] = {}
-        self._mask = TokenMask(self.device)
-
-    def is_argmax_invariant(self) -> bool:
-        return False
-
-    def validate_params(self, params: SamplingParams) -> None:
-        params.verify(self.vocab_size)
 
     def _new_state(self, params: SamplingParams, _prompt, output_ids: list[int]) -> _SeqState:
         return _SeqState(output_ids, frozenset(params.all_stop_token_ids(self.eos_token_id)))
@@ -61,9 +52,6 @@ class MultiSeq(LogitsProcessor):
         if changed or any(newly_finished):
             finished = [(index, self.eos_token_id) for index, state in self._states.items() if state.finished]
             self._mask.set((), finished)
-
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        return self._mask.apply(logits)
 
     def apply_with_spec_decode(self, logits, num_draft_tokens, draft_token_ids=None) -> torch.Tensor:
         layout = SpecDecodeLayout(num_draft_tokens, logits.shape[0], draft_token_ids)
@@ -77,6 +65,4 @@ class MultiSeq(LogitsProcessor):
                         break
             if finished_at is not None:
                 forced.extend((row, self.eos_token_id) for row in layout.rows_of(index)[finished_at:])
-        mask = TokenMask(self.device)
-        mask.set((), forced)
-        return mask.apply(logits)
+        return self._apply_once(logits, (), forced)

@@ -14,7 +14,7 @@ from .interface import AddedRequest, BatchUpdate, LogitsProcessor, MoveDirection
 if TYPE_CHECKING:
     from ..params import SamplingParams
 
-__all__ = ["BatchUpdateBuilder", "LogitsProcessors", "SpecDecodeLayout", "process_dict_updates"]
+__all__ = ["BatchUpdateBuilder", "LogitsProcessors", "SpecDecodeLayout", "TokenMask", "TokenMaskProcessor", "process_dict_updates"]
 
 T = TypeVar("T")
 
@@ -236,13 +236,41 @@ class TokenMask:
         return self._banned is None and self._forced is None
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        # Scalars made with torch.full on the device: torch.tensor(x, device=...) would be a
+        # blocking host-to-device copy.
         if self._banned is not None:
-            logits.index_put_(self._banned, torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
+            logits.index_put_(self._banned, torch.full((), float("-inf"), dtype=logits.dtype, device=logits.device))
         if self._forced is not None:
             rows, tokens = self._forced
             logits.index_fill_(0, rows, float("-inf"))
-            logits.index_put_((rows, tokens), torch.tensor(0.0, dtype=logits.dtype, device=logits.device))
+            logits.index_put_((rows, tokens), torch.zeros((), dtype=logits.dtype, device=logits.device))
         return logits
+
+
+class TokenMaskProcessor(LogitsProcessor):
+    """Base of the processors that ban tokens or force one token per row from per-request state
+    (MinTokens, MultiSeq, ThinkMode): `_states` maps rows to state, `_mask` holds this step's mask."""
+
+    def __init__(self, vocab_size: int, device: torch.device | str = "cpu") -> None:
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        self._states: dict = {}
+        self._mask = TokenMask(self.device)
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def validate_params(self, params: SamplingParams) -> None:
+        params.verify(self.vocab_size)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        return self._mask.apply(logits)
+
+    def _apply_once(self, logits: torch.Tensor, banned: Iterable[tuple[int, int]], forced: Iterable[tuple[int, int]]) -> torch.Tensor:
+        """Apply a one-off mask (speculative decoding) without touching this step's mask."""
+        mask = TokenMask(self.device)
+        mask.set(banned, forced)
+        return mask.apply(logits)
 
 
 class LogitsProcessors:

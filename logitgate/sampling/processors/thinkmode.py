@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import torch
 
 from ..params import SamplingParams
-from .interface import BatchUpdate, LogitsProcessor
-from .state import SpecDecodeLayout, TokenMask, process_dict_updates, validate_added
+from .interface import BatchUpdate
+from .state import SpecDecodeLayout, TokenMaskProcessor, process_dict_updates, validate_added
 
 __all__ = ["ThinkMode"]
 
@@ -52,7 +52,7 @@ class _ThinkState:
         return twin
 
 
-class ThinkMode(LogitsProcessor):
+class ThinkMode(TokenMaskProcessor):
     """Enforce each request's `max_thinking_tokens` (requests without one are left alone).
 
     end_think_token_ids: the sequence forced when the budget is spent (e.g. the ids of
@@ -88,20 +88,11 @@ class ThinkMode(LogitsProcessor):
             raise ValueError(f"end_think_token_id {end_think_token_id} is not in end_think_token_ids {sequence}")
         if begin_think_token_id is not None and begin_think_token_id in sequence:
             raise ValueError(f"begin_think_token_id {begin_think_token_id} is also in end_think_token_ids")
-        self.vocab_size = vocab_size
-        self.device = torch.device(device)
+        super().__init__(vocab_size, device)
         self.sequence = sequence
         self.end_token = end_think_token_id
         self.begin_token = begin_think_token_id
         self._fail = _failure_table(sequence)
-        self._states: dict[int, _ThinkState] = {}
-        self._mask = TokenMask(self.device)
-
-    def is_argmax_invariant(self) -> bool:
-        return False
-
-    def validate_params(self, params: SamplingParams) -> None:
-        params.verify(self.vocab_size)
 
     # ---- the automaton ----
 
@@ -165,9 +156,6 @@ class ThinkMode(LogitsProcessor):
             self._masks(state, index, banned, forced)
         self._mask.set(banned, forced)
 
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        return self._mask.apply(logits)
-
     def apply_with_spec_decode(self, logits, num_draft_tokens, draft_token_ids=None) -> torch.Tensor:
         layout = SpecDecodeLayout(num_draft_tokens, logits.shape[0], draft_token_ids)
         banned: list[tuple[int, int]] = []
@@ -179,9 +167,7 @@ class ThinkMode(LogitsProcessor):
                 self._masks(ahead, row, banned, forced)
                 if position < len(drafts):
                     self._step(ahead, drafts[position])
-        mask = TokenMask(self.device)
-        mask.set(banned, forced)
-        return mask.apply(logits)
+        return self._apply_once(logits, banned, forced)
 
     def phase(self, index: int) -> str | None:
         """'before', 'thinking' or 'after' for the request at row `index` (None if it has no budget)."""

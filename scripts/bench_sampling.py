@@ -1,0 +1,140 @@
+"""Sampling on CPU, one process, medians of many runs:
+
+- random_sample (inverse CDF, one uniform per row) vs torch.multinomial and the plain exponential
+  trick argmax(p / q) with q drawn over the whole vocabulary;
+- top-k / top-p (numba: heap / histogram, no sort) vs the sort-based reference;
+- a whole Sampler step (temperature, top-k, top-p, draw) with logitgate's kernels vs the same step
+  built from the baselines (sort-based filters, torch.multinomial);
+- the first call in a fresh process (numba compile or cache load).
+
+    python scripts/bench_sampling.py [--quick] [--threads N] [--out FILE] [--plot FILE.png]
+"""
+from __future__ import annotations
+
+import argparse
+
+import numba
+import torch
+
+from logitgate.backends.reference import apply_top_k_top_p_reference
+from logitgate.benchmarking import emit, fresh_process_seconds, median_seconds, plot_bars
+from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, ops
+
+SHAPES = [(1, 128256), (8, 128256), (64, 128256), (256, 151936)]
+GOAL = "(64,128256): random_sample >= 3x faster than torch.multinomial and than the plain exponential trick"
+
+FIRST_CALL = """
+import time, torch
+t0 = time.perf_counter()
+from logitgate.sampling import ops
+t1 = time.perf_counter()
+probs = torch.rand(64, 128256)
+ops.random_sample(probs)
+ops.apply_top_k_top_p(torch.randn(64, 128256), torch.full((64,), 50), torch.full((64,), 0.9))
+t2 = time.perf_counter()
+print(t1 - t0, t2 - t1)
+"""
+
+
+def make_logits(rows: int, vocab: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(rows)
+    return torch.randn(rows, vocab, generator=g) * 3  # a peaked, LLM-like spread
+
+
+def exponential_trick(probs: torch.Tensor) -> torch.Tensor:
+    return probs.div(torch.empty_like(probs).exponential_()).argmax(dim=-1)
+
+
+def bench_random_sample(rows: int, vocab: int, repeats: int) -> dict:
+    probs = make_logits(rows, vocab).softmax(dim=-1)
+    generators = {r: torch.Generator().manual_seed(r) for r in range(rows)}
+    times = {
+        "logitgate": median_seconds(lambda: ops.random_sample(probs, backend="cpu"), repeats=repeats),
+        "logitgate_seeded": median_seconds(lambda: ops.random_sample(probs, generators, backend="cpu"), repeats=repeats),
+        "multinomial": median_seconds(lambda: torch.multinomial(probs, 1), repeats=repeats),
+        "exponential_trick": median_seconds(lambda: exponential_trick(probs), repeats=repeats),
+    }
+    row = {"op": "random_sample", "shape": f"{rows}x{vocab}", **{f"{k}_ms": v * 1e3 for k, v in times.items()}}
+    row["speedup_vs_multinomial"] = times["multinomial"] / times["logitgate"]
+    row["speedup_vs_exponential_trick"] = times["exponential_trick"] / times["logitgate"]
+    return row
+
+
+FILTERS = {"top_k=50": (50, None), "top_p=0.9": (None, 0.9), "top_k=50,top_p=0.9": (50, 0.9), "top_k=1000,top_p=0.95": (1000, 0.95)}
+
+
+def bench_filters(rows: int, vocab: int, name: str, repeats: int) -> dict:
+    logits = make_logits(rows, vocab)
+    k_value, p_value = FILTERS[name]
+    k = None if k_value is None else torch.full((rows,), k_value)
+    p = None if p_value is None else torch.full((rows,), p_value)
+    times = {
+        "clone": median_seconds(lambda: logits.clone(), repeats=repeats),
+        "logitgate": median_seconds(lambda: ops.apply_top_k_top_p(logits.clone(), k, p, backend="cpu"), repeats=repeats),
+        "sort_reference": median_seconds(
+            lambda: apply_top_k_top_p_reference(logits.clone(), k, p), repeats=max(3, repeats // 3), warmup=1
+        ),
+    }
+    row = {"op": f"top_k_top_p {name}", "shape": f"{rows}x{vocab}", **{f"{key}_ms": v * 1e3 for key, v in times.items()}}
+    row["speedup_vs_sort_reference"] = times["sort_reference"] / times["logitgate"]
+    return row
+
+
+def baseline_step(logits: torch.Tensor, temperature: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    scaled = logits / temperature.unsqueeze(1)
+    return torch.multinomial(apply_top_k_top_p_reference(scaled, k, p).softmax(dim=-1), 1)
+
+
+def bench_sampler(rows: int, vocab: int, repeats: int) -> dict:
+    logits = make_logits(rows, vocab)
+    params = [SamplingParams(temperature=0.8, top_k=50, top_p=0.9)] * rows
+    meta = SamplingMetadata.from_params(params)
+    sampler = Sampler(backend="cpu")
+    times = {
+        "logitgate": median_seconds(lambda: sampler(logits.clone(), meta), repeats=repeats),
+        "baseline": median_seconds(
+            lambda: baseline_step(logits.clone(), meta.temperature, meta.top_k, meta.top_p), repeats=max(3, repeats // 3), warmup=1
+        ),
+    }
+    row = {"op": "sampler step t=0.8,top_k=50,top_p=0.9", "shape": f"{rows}x{vocab}", **{f"{k}_ms": v * 1e3 for k, v in times.items()}}
+    row["speedup_vs_baseline"] = times["baseline"] / times["logitgate"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer repeats, the (64,128256) shape only")
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--threads", type=int, help="torch and numba threads (default: all cores)")
+    parser.add_argument("--out")
+    parser.add_argument("--plot")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        numba.set_num_threads(args.threads)
+    repeats = 7 if args.quick else args.repeats
+    shapes = [(64, 128256)] if args.quick else SHAPES
+    rows = [bench_random_sample(r, v, repeats) for r, v in shapes]
+    rows += [bench_filters(64, 128256, name, repeats) for name in FILTERS]
+    rows.append(bench_sampler(64, 128256, repeats))
+    main_row = next(row for row in rows if row["op"] == "random_sample" and row["shape"] == "64x128256")
+    result = {
+        "benchmark": "sampling",
+        "backend": "cpu",
+        "torch_threads": torch.get_num_threads(),
+        "numba_threads": numba.get_num_threads(),
+        "fresh_process": fresh_process_seconds(FIRST_CALL),
+        "goal": GOAL,
+        "goal_met": main_row["speedup_vs_multinomial"] >= 3 and main_row["speedup_vs_exponential_trick"] >= 3,
+        "rows": rows,
+    }
+    emit(result, args.out)
+    if args.plot:
+        labels = [dict(row, label=f"{row['op']} {row['shape']}") for row in rows]
+        keys = ["logitgate_ms", "multinomial_ms", "exponential_trick_ms", "sort_reference_ms", "baseline_ms"]
+        plot_bars(labels, "label", keys, "sampling (CPU)", args.plot, "ms (median)")
+    return result
+
+
+if __name__ == "__main__":
+    main()
