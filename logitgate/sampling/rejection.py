@@ -20,6 +20,7 @@ import torch
 
 from ..backends import Backend, backend_for_tensor
 from ..backends.reference import rejection_output_reference, tempered_logits
+from .ops import as_generator_dict
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def rejection_sample(
     """
     batch = _check_batch(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids, draft_probs)
     device = batch.target_logits.device
-    generators = _check_generators(generators, batch.batch_size, device)
+    generators = as_generator_dict(generators, batch.batch_size, device)
     if batch.batch_size == 0:
         return torch.empty((0, 1), dtype=torch.int32, device=device)
     be = backend_for_tensor(batch.target_logits, backend)
@@ -283,21 +284,6 @@ def host_spec_layout(counts: Sequence[int], device: torch.device):
     return tuple(torch.from_numpy(a).to(device, non_blocking=True) for a in host)
 
 
-def _check_generators(generators, batch_size: int, device: torch.device) -> dict[int, torch.Generator]:
-    if not generators:
-        return {}
-    checked = {}
-    for request, generator in generators.items():
-        if isinstance(request, bool) or not isinstance(request, int) or not 0 <= request < batch_size:
-            raise ValueError(f"generators key {request!r} is not a request index in [0, {batch_size})")
-        if not isinstance(generator, torch.Generator):
-            raise ValueError(f"generators[{request}] is a {type(generator).__name__}, not a torch.Generator")
-        if generator.device.type != device.type:
-            raise ValueError(f"generators[{request}] is on {generator.device} but the logits are on {device}")
-        checked[request] = generator
-    return checked
-
-
 def _check_temperature(temperature, batch_size: int, device: torch.device) -> tuple[torch.Tensor | None, bool, bool]:
     """(temperature float32 on device or None, any greedy request, any random request). Both flags
     are True when the values live on a device (reading them would be a sync)."""
@@ -383,7 +369,7 @@ def chain_speculative_sampling(
         torch.zeros(b, dtype=torch.int64, device=device), probs.reshape(b * (k + 1), vocab),
     )
     be = backend_for_tensor(batch.target_logits, backend)
-    generators = {} if generator is None else _check_generators(dict.fromkeys(range(b), generator), b, device)
+    generators = {} if generator is None else as_generator_dict(dict.fromkeys(range(b), generator), b, device)
     uniform = draw_draft_uniforms(counts, b * (k + 1), generators, device)
     noise = draw_recovery_noise(be, counts, vocab, generators, device)
     out, accepted = _verify(be, batch, batch.target_logits, None, None, uniform, noise)

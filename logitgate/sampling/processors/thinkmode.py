@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ...structured.reasoning import EndMarker
 from ..params import SamplingParams
 from .interface import BatchUpdate
 from .state import SpecDecodeLayout, TokenMaskProcessor, process_dict_updates, validate_added
@@ -20,19 +21,6 @@ from .state import SpecDecodeLayout, TokenMaskProcessor, process_dict_updates, v
 __all__ = ["ThinkMode"]
 
 BEFORE, THINKING, AFTER = 0, 1, 2
-
-
-def _failure_table(pattern: Sequence[int]) -> list[int]:
-    """KMP failure function: fail[i] = length of the longest proper border of pattern[:i + 1]."""
-    fail = [0] * len(pattern)
-    k = 0
-    for i in range(1, len(pattern)):
-        while k and pattern[i] != pattern[k]:
-            k = fail[k - 1]
-        if pattern[i] == pattern[k]:
-            k += 1
-        fail[i] = k
-    return fail
 
 
 class _ThinkState:
@@ -92,16 +80,9 @@ class ThinkMode(TokenMaskProcessor):
         self.sequence = sequence
         self.end_token = end_think_token_id
         self.begin_token = begin_think_token_id
-        self._fail = _failure_table(sequence)
+        self._end_marker = EndMarker(sequence)  # the end-of-think sequence, matched incrementally
 
     # ---- the automaton ----
-
-    def _match(self, matched: int, token: int) -> int:
-        if matched == len(self.sequence):
-            matched = self._fail[matched - 1]
-        while matched and self.sequence[matched] != token:
-            matched = self._fail[matched - 1]
-        return matched + 1 if self.sequence[matched] == token else 0
 
     def _step(self, state: _ThinkState, token: int) -> None:
         if state.phase == BEFORE:
@@ -110,7 +91,7 @@ class ThinkMode(TokenMaskProcessor):
         elif state.phase == THINKING:
             forcing = state.spent >= state.budget
             state.spent += 1
-            state.matched = self._match(state.matched, token)
+            state.matched = self._end_marker.step(state.matched, token)
             # The model may close thinking itself before the budget; a forced sequence runs to its end.
             if state.matched == len(self.sequence) or (token == self.end_token and not forcing):
                 state.phase = AFTER
@@ -139,7 +120,7 @@ class ThinkMode(TokenMaskProcessor):
         # Thinking was opened in the prompt; prompt tokens after the opening may already start the end sequence.
         matched = 0
         for token in prompt[last_begin + 1 :]:
-            matched = self._match(matched, token)
+            matched = self._end_marker.step(matched, token)
         return _ThinkState(THINKING, params.max_thinking_tokens, matched, output_ids)
 
     # ---- the processor ----
