@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .structured.bitmask import allocate_token_bitmask
 from .structured.manager import StructuredOutputManager
 from .structured.tree import TreeDFA
 
@@ -75,8 +76,6 @@ def fill_constraint_rows(
 ) -> torch.Tensor:
     """int32 bitmask with 1 + len(drafts[i]) rows per sequence in vLLM's layout (draft rows, then the
     bonus row): tree rows in one batched fill, grammar rows in one manager call, -1 elsewhere."""
-    from .structured.bitmask import allocate_token_bitmask
-
     total = sum(1 + len(d) for d in drafts)
     bitmask = allocate_token_bitmask(total, vocab_size, device=device)
     offsets, row = [], 0
