@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..structured.params import StructuredOutputsParams as ManagerStructuredOutputsParams
+
 __all__ = ["SAMPLING_EPS", "SamplingParams", "SamplingType", "StructuredOutputsParams"]
 
 # Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): dividing by them overflows.
@@ -161,7 +163,11 @@ class SamplingParams:
             self.logit_bias = _logit_bias_dict(self.logit_bias)
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
             raise ValueError(f"logprobs must be an int >= 0 or None, got {self.logprobs!r}")
-        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+        # The manager's class (logitgate.StructuredOutputsParams) is what generate() registers; this
+        # module's own variant is accepted too for engines that only read the fields.
+        if self.structured_outputs is not None and not isinstance(
+            self.structured_outputs, (StructuredOutputsParams, ManagerStructuredOutputsParams)
+        ):
             raise ValueError(
                 f"structured_outputs must be a StructuredOutputsParams, got {type(self.structured_outputs).__name__}"
             )
