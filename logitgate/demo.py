@@ -47,11 +47,12 @@ QUICK_JSON_HINTS = ("Krakow",)
 # The demo's JSON schema. The string pattern and the integer range bound every output, so each
 # run ends within JSON_MAX_TOKENS without max_tokens cutting a document short.
 ZONE_PATTERN = r"[A-Z][a-z]{1,9}/[A-Za-z_]{1,12}"
+OFFSET_RANGE = (-12, 14)
 JSON_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "zone": {"type": "string", "pattern": f"^{ZONE_PATTERN}$"},
-        "utc_offset_hours": {"type": "integer", "minimum": -12, "maximum": 14},
+        "utc_offset_hours": {"type": "integer", "minimum": OFFSET_RANGE[0], "maximum": OFFSET_RANGE[1]},
     },
     "required": ["zone", "utc_offset_hours"],
     "additionalProperties": False,
@@ -100,7 +101,6 @@ class DemoSetup:
     model_name: str
     target: Any
     draft: Any | None
-    encode: Callable[[str], list[int]]
     decode: Callable[[Sequence[int]], str]
     vocab_size: int
     eos_token_id: int
@@ -179,7 +179,8 @@ def _embedded_setup(backend: Any, tree_path: str | None, quick: bool) -> DemoSet
     model_name = "the embedded byte-level demo model (bytes 0-255, <bos> 256, <eos> 257, <pad> 258, <root> 259)"
     if tree_path is None:
         tree = TreeDFA.from_prefix_dict(load_tree_config(), vocab_size=tok.vocab_size, device=backend)
-        start, source, catalog = tok.root_token_id, "the embedded catalog of IANA time-zone names", frozenset(load_catalog())
+        start, source = tok.root_token_id, "the embedded catalog of IANA time-zone names"
+        catalog = frozenset(load_catalog())
     else:  # before loading the models: a bad file fails at once
         tree, start = load_user_tree(tree_path, vocab_size=tok.vocab_size, backend=backend, model_name=model_name)
         source, catalog = str(tree_path), None
@@ -197,7 +198,6 @@ def _embedded_setup(backend: Any, tree_path: str | None, quick: bool) -> DemoSet
         model_name="embedded byte-level target (4 layers) + draft (2 layers)",
         target=target,
         draft=draft,
-        encode=tok.encode,
         decode=tok.decode,
         vocab_size=tok.vocab_size,
         eos_token_id=tok.eos_token_id,
@@ -251,7 +251,8 @@ def _model_setup(backend: Any, model_dir: str, draft_dir: str | None, tree_path:
     if tree_path is None:
         names = load_catalog()
         tree = TreeDFA.from_strings(names, encode, end_token_id=eos, vocab_size=vocab, device=backend)
-        source, catalog = "the embedded catalog of IANA time-zone names, tokenized with the model's tokenizer", frozenset(names)
+        source = "the embedded catalog of IANA time-zone names, tokenized with the model's tokenizer"
+        catalog = frozenset(names)
     else:
         tree, start = load_user_tree(tree_path, vocab_size=vocab, backend=backend, model_name=f"--model {model_dir!r}")
         source, catalog = str(tree_path), None
@@ -261,7 +262,6 @@ def _model_setup(backend: Any, model_dir: str, draft_dir: str | None, tree_path:
         model_name=f"{model_dir} ({type(target).__name__})" + (f" + draft {draft_dir}" if draft is not None else ""),
         target=target,
         draft=draft,
-        encode=encode,
         decode=decode,
         vocab_size=vocab,
         eos_token_id=eos,
@@ -301,13 +301,15 @@ def json_output_problem(text: str) -> str | None:
         return f"not JSON: {exc.msg}"
     if not isinstance(obj, dict):
         return f"not an object: {type(obj).__name__}"
-    if set(obj) != {"zone", "utc_offset_hours"}:
-        return f"keys {sorted(obj)} are not exactly ['utc_offset_hours', 'zone']"
+    expected = sorted(JSON_SCHEMA["properties"])
+    if sorted(obj) != expected:
+        return f"keys {sorted(obj)} are not exactly {expected}"
     zone, offset = obj["zone"], obj["utc_offset_hours"]
     if not isinstance(zone, str) or not re.fullmatch(ZONE_PATTERN, zone):
         return f"zone {zone!r} is not a string matching {ZONE_PATTERN}"
-    if isinstance(offset, bool) or not isinstance(offset, int) or not -12 <= offset <= 14:
-        return f"utc_offset_hours {offset!r} is not an integer in [-12, 14]"
+    low, high = OFFSET_RANGE
+    if isinstance(offset, bool) or not isinstance(offset, int) or not low <= offset <= high:
+        return f"utc_offset_hours {offset!r} is not an integer in [{low}, {high}]"
     return None
 
 
@@ -403,6 +405,26 @@ def _metrics(stats: dict[str, Any], wall: float, baseline: dict[str, Any] | None
     }
 
 
+def _run_record(
+    setup: DemoSetup, config: RunConfig, hints: list[str], result: GenerationResult, wall: float,
+    earlier: list[dict[str, Any]],
+) -> dict[str, Any]:
+    stats = result.stats.as_dict()
+    baseline = next((r["stats"] for r in earlier if r["name"] == config.baseline), None)
+    return {
+        "name": config.name,
+        "description": _describe(setup, config),
+        "constraint": config.constraint,
+        "temperature": config.temperature,
+        "speculative": config.speculative,
+        "jump_forward": config.jump_forward,
+        "baseline": config.baseline,
+        "outputs": [_output_record(setup, config, hints[o.request_index], o) for o in result.outputs],
+        "stats": stats,
+        "metrics": _metrics(stats, wall, baseline),
+    }
+
+
 def run_demo(
     *,
     device: str | None = None,
@@ -425,7 +447,10 @@ def run_demo(
     if threads is None and model is None:
         threads = 1
     with demo_environment(device, threads):
-        setup = _embedded_setup(backend, tree, quick) if model is None else _model_setup(backend, model, draft_model, tree, quick)
+        if model is None:
+            setup = _embedded_setup(backend, tree, quick)
+        else:
+            setup = _model_setup(backend, model, draft_model, tree, quick)
         loaded = time.perf_counter()
         manager = StructuredOutputManager(
             setup.tokenizer_info, vocab_size=setup.vocab_size, num_speculative_tokens=NUM_SPECULATIVE_TOKENS
@@ -438,20 +463,7 @@ def run_demo(
             warmed = time.perf_counter()
             runs: list[dict[str, Any]] = []
             for config in CONFIGS:
-                hints, result, wall = _generate(setup, config, manager, seed)
-                stats = result.stats.as_dict()
-                runs.append({
-                    "name": config.name,
-                    "description": _describe(setup, config),
-                    "constraint": config.constraint,
-                    "temperature": config.temperature,
-                    "speculative": config.speculative,
-                    "jump_forward": config.jump_forward,
-                    "baseline": config.baseline,
-                    "outputs": [_output_record(setup, config, hints[o.request_index], o) for o in result.outputs],
-                    "stats": stats,
-                })
-                runs[-1]["metrics"] = _metrics(stats, wall, next((r["stats"] for r in runs if r["name"] == config.baseline), None))
+                runs.append(_run_record(setup, config, *_generate(setup, config, manager, seed), runs))
         finally:
             manager.close()
         finished = time.perf_counter()
@@ -460,8 +472,11 @@ def run_demo(
         "torch_device": str(setup.device),
         "model": setup.model_name,
         "vocab_size": setup.vocab_size,
-        "tree": {"source": setup.tree_source, **{k: setup.tree.stats()[k] for k in ("nodes", "max_depth", "max_width")},
-                 "catalog_names": len(setup.catalog) if setup.catalog is not None else None},
+        "tree": {
+            "source": setup.tree_source,
+            **{k: setup.tree.stats()[k] for k in ("nodes", "max_depth", "max_width")},
+            "catalog_names": len(setup.catalog) if setup.catalog is not None else None,
+        },
         "json_schema": JSON_SCHEMA,
         "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
         "drafter": "draft model" if setup.draft is not None else f"n-gram prompt lookup (n={NGRAM})",
@@ -470,7 +485,9 @@ def run_demo(
         "threads": threads if threads is not None else torch.get_num_threads(),
         "runs": runs,
         "check": _check(runs),
-        "seconds": {"load": loaded - started, "warmup": warmed - loaded, "runs": finished - warmed, "total": finished - started},
+        "seconds": {
+            "load": loaded - started, "warmup": warmed - loaded, "runs": finished - warmed, "total": finished - started
+        },
     }
 
 
@@ -485,7 +502,8 @@ def _check(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for r in runs:
         base = by_name.get(r["baseline"]) if r["baseline"] else None
         if base is not None and r["temperature"] == 0:
-            greedy_matches[r["name"]] = [o["token_ids"] for o in r["outputs"]] == [o["token_ids"] for o in base["outputs"]]
+            same = [o["token_ids"] for o in r["outputs"]] == [o["token_ids"] for o in base["outputs"]]
+            greedy_matches[r["name"]] = same
     return {
         "constrained_outputs": len(constrained),
         "tree_outputs": sum(1 for name, _ in constrained if by_name[name]["constraint"] == "tree"),
