@@ -17,23 +17,15 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    # The end-to-end demo lands with the decode loop; until then the demo shows the device report
-    # and one masked step so that `make demo` proves the install works.
-    import torch
+    from .demo import run_demo
+    from .demo_format import format_report
 
-    from . import allocate_token_bitmask, apply_token_bitmask_inplace, fill_bitmask_row, get_backend
-    from .doctor import format_report, report
-
-    print(format_report(report(args.device)))
-    backend = get_backend(args.device)
-    vocab = 32000
-    logits = torch.randn(2, vocab, device=backend.device)
-    bitmask = allocate_token_bitmask(2, vocab, device=backend.device)
-    fill_bitmask_row(bitmask, 0, [7, 42, 31999], vocab)
-    apply_token_bitmask_inplace(logits, bitmask, backend=backend)
-    print(f"\nmasked step on {backend.name}: row 0 argmax -> {int(logits[0].argmax())} (allowed: 7, 42, 31999); "
-          f"row 1 unconstrained, {int(torch.isinf(logits[1]).sum())} tokens masked")
-    return 0
+    data = run_demo(
+        device=args.device, tree=args.tree, model=args.model, draft_model=args.draft_model,
+        quick=args.quick, seed=args.seed, threads=args.threads,
+    )
+    print(json.dumps(data, indent=2) if args.json else format_report(data))
+    return 0 if data["check"]["all_constrained_valid"] else 1
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -52,8 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--device", default=None, help="cpu, cuda, npu or npu-emulated (default: detect)")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.set_defaults(func=_cmd_doctor)
-    demo = sub.add_parser("demo", help="run the end-to-end demo")
-    demo.add_argument("--device", default=None)
+    demo = sub.add_parser("demo", help="run the end-to-end demo (embedded model, or --model DIR)")
+    demo.add_argument("--device", default=None, help="cpu, cuda, npu or npu-emulated (default: detect)")
+    demo.add_argument("--tree", default=None, metavar="FILE", help="decode with this RTP-LLM prefix-dict JSON")
+    demo.add_argument("--model", default=None, metavar="DIR", help="a local Hugging Face model + tokenizer directory")
+    demo.add_argument("--draft-model", default=None, metavar="DIR", help="a draft model for --model (default: n-gram drafts)")
+    demo.add_argument("--quick", action="store_true", help="fewer prompts")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the sampled runs")
+    demo.add_argument("--threads", type=int, default=None, help="torch and numba threads (default: 1 for the embedded model)")
+    demo.add_argument("--json", action="store_true", help="machine-readable output: the whole report as one object")
     demo.set_defaults(func=_cmd_demo)
     bench = sub.add_parser("bench", help="run the benchmark scripts, print one table of ratios")
     bench.add_argument("--out", default="bench-out", help="folder for JSON and PNG results")

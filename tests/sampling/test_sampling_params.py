@@ -99,3 +99,14 @@ def test_structured_outputs_one_constraint(kwargs, kind):
 def test_structured_outputs_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
         StructuredOutputsParams(**kwargs)
+
+
+def test_structured_outputs_takes_the_managers_params():
+    # generate() registers params.structured_outputs with the StructuredOutputManager, which takes
+    # logitgate.StructuredOutputsParams (structured/params.py): SamplingParams must accept that class.
+    import logitgate
+
+    params = SamplingParams(structured_outputs=logitgate.StructuredOutputsParams(json={"type": "object"}))
+    assert params.structured_outputs.kind == "json"
+    with pytest.raises(ValueError, match="structured_outputs must be a StructuredOutputsParams"):
+        SamplingParams(structured_outputs={"json": {}})
