@@ -73,9 +73,10 @@ def fill_constraint_rows(
     drafts: Sequence[Sequence[int]],
     vocab_size: int,
     device: torch.device,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, list[int]]:
     """int32 bitmask with 1 + len(drafts[i]) rows per sequence in vLLM's layout (draft rows, then the
-    bonus row): tree rows in one batched fill, grammar rows in one manager call, -1 elsewhere."""
+    bonus row): tree rows in one batched fill, grammar rows in one manager call, -1 elsewhere; and
+    the indices of the constrained rows (so that only those need masking)."""
     total = sum(1 + len(d) for d in drafts)
     bitmask = allocate_token_bitmask(total, vocab_size, device=device)
     offsets, row = [], 0
@@ -84,7 +85,10 @@ def fill_constraint_rows(
         row += 1 + len(d)
     by_tree: dict[int, tuple[TreeDFA, list[int], list[int]]] = {}
     grammar_ids: list[tuple[int, GrammarConstraint]] = []
+    constrained: list[int] = []
     for i, c in enumerate(constraints):
+        if c is not None:
+            constrained.extend(range(offsets[i], offsets[i] + 1 + len(drafts[i])))
         if isinstance(c, TreeConstraint):
             states = c.walk_states(drafts[i])
             _, rows, all_states = by_tree.setdefault(id(c.tree), (c.tree, [], []))
@@ -106,4 +110,4 @@ def fill_constraint_rows(
             n = 1 + len(drafts[i])
             bitmask[offsets[i] : offsets[i] + n, : rows_host.shape[1]] = rows_host[at : at + n].to(device)
             at += n
-    return bitmask
+    return bitmask, constrained

@@ -263,7 +263,7 @@ def _propose(draft_model, active, stats, k, ngram, jump_forward, pad, device, vo
         with _Timer(stats, "masking"):
             constraints = [active[i].constraint for i in rows]
             if any(c is not None for c in constraints):
-                masks = fill_constraint_rows(constraints, [drafts[i] for i in rows], vocab, device)
+                masks, _ = fill_constraint_rows(constraints, [drafts[i] for i in rows], vocab, device)
                 ends = torch.tensor([sum(1 + len(drafts[i]) for i in rows[: j + 1]) - 1 for j in range(len(rows))])
                 apply_token_bitmask_inplace(last, masks[ends.to(device)])
         with _Timer(stats, "sampling"):
@@ -297,8 +297,8 @@ def _step(model, draft_model, active, stats, sampler, k, ngram, jump_forward, pa
     counts = [len(d) for d in drafts]
     flat_drafts = torch.tensor([t for d in drafts for t in d], dtype=torch.int64, device=device)
     with _Timer(stats, "masking"):
-        bitmask = fill_constraint_rows([q.constraint for q in active], drafts, rows.shape[-1], device)
-        spec = constrain_spec_logits(rows, bitmask, flat_drafts, counts)
+        bitmask, constrained = fill_constraint_rows([q.constraint for q in active], drafts, rows.shape[-1], device)
+        spec = constrain_spec_logits(rows, bitmask, flat_drafts, counts, rows=constrained)
     with _Timer(stats, "sampling"):
         generators = {i: q.generator for i, q in enumerate(active) if q.generator is not None}
         metadata = SamplingMetadata.from_params([q.params for q in active], device=device, generators=generators)

@@ -64,13 +64,15 @@ def constrain_spec_logits(
     draft_token_ids: torch.Tensor,
     num_draft_tokens: Sequence[int] | torch.Tensor,
     *,
+    rows: Sequence[int] | None = None,
     backend: str | torch.device | Backend | None = None,
 ) -> ConstrainedSpecLogits:
     """Mask every draft and bonus position and split the rows for verification.
 
     logits: float (N + B, V) in vLLM's layout — each request's N_r draft-position rows, then its
     bonus row — masked IN PLACE. bitmask: int32 (N + B, ceil(V/32)), the same rows (xgrammar's
-    format). draft_token_ids: int (N,), num_draft_tokens: B ints.
+    format). draft_token_ids: int (N,), num_draft_tokens: B ints. rows: the rows that carry a
+    constraint, when the others are all-allowed (-1): only those are masked (None = every row).
     """
     counts = check_num_draft_tokens(num_draft_tokens)
     num_tokens, batch = sum(counts), len(counts)
@@ -86,7 +88,7 @@ def constrain_spec_logits(
         raise ValueError(f"draft_token_ids are on {draft_token_ids.device} but logits on {logits.device}")
     vocab = logits.shape[-1]
     apply_token_bitmask_inplace(
-        logits, bitmask, vocab_size=min(vocab, bitmask.shape[-1] * BITS_PER_WORD), backend=backend
+        logits, bitmask, indices=rows, vocab_size=min(vocab, bitmask.shape[-1] * BITS_PER_WORD), backend=backend
     )
     cu, _, _, token_request = host_spec_layout(counts, logits.device)
     # Row of draft t of request r in the (N + B) layout: t + r (r bonus rows precede it); bonus row: cu[r] + r.

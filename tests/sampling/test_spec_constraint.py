@@ -107,3 +107,16 @@ def test_bad_shapes_are_named():
         constrain_spec_logits(logits, bitmask[:3], torch.tensor([1, 2]), [2, 0])
     with pytest.raises(ValueError, match="draft_token_ids must be a 1-D tensor of the 2 draft tokens"):
         constrain_spec_logits(logits, bitmask, torch.tensor([1]), [2, 0])
+
+
+def test_rows_masks_only_the_constrained_rows():
+    import logitgate
+    from logitgate.sampling.spec_constraint import constrain_spec_logits
+
+    vocab = 40
+    logits = torch.zeros(4, vocab)  # request 0: one draft + bonus; request 1: one draft + bonus
+    bitmask = logitgate.bitmask_from_token_ids([[1], [2], [3], [4]], vocab)
+    out = constrain_spec_logits(logits, bitmask, torch.tensor([1, 3]), [1, 1], rows=[0, 1])
+    assert torch.isfinite(logits[0]).sum() == 1 and torch.isfinite(logits[1]).sum() == 1
+    assert torch.isfinite(logits[2:]).all()  # rows 2-3 were not named: left alone
+    assert out.num_valid_drafts.tolist() == [1, 1]
