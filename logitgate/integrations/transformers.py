@@ -104,8 +104,8 @@ class TreeLogitsProcessor(_HFLogitsProcessor):
         self._prompt = _PromptTracker(prompt_length)
 
     def reset(self) -> None:
-        """Forget the current generation: the next call's input is a new prompt. Needed only when a
-        new generation's prompt is longer than the previous call's input (one processor reused)."""
+        """Forget the current generation: the next call's input is a new prompt. Needed only when one
+        processor is reused and a new prompt is exactly one token longer than the last input seen."""
         self._prompt.reset()
 
     def states(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -17,12 +17,19 @@ from logitgate.sampling import StructuredOutputsParams as SamplingStructuredOutp
 HINTS = ["Krakow", "Tokyo", ""]
 
 
+_GREEDY: dict = {}
+
+
 def hf_greedy(model, prompt, processor=None, max_new_tokens=40):
-    """The target's own greedy continuation of one prompt (no padding), up to and with its EOS."""
-    ids = torch.tensor([prompt])
-    processors = LogitsProcessorList([processor] if processor is not None else [])
-    out = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, logits_processor=processors)
-    return out[0, ids.shape[1] :].tolist()
+    """The target's own greedy continuation of one prompt (no padding), up to and with its EOS;
+    memoised per prompt and processor type (the tests share references)."""
+    key = (id(model), tuple(prompt), type(processor).__name__, getattr(processor, "params", None), max_new_tokens)
+    if key not in _GREEDY:
+        ids = torch.tensor([prompt])
+        processors = LogitsProcessorList([processor] if processor is not None else [])
+        out = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, logits_processor=processors)
+        _GREEDY[key] = out[0, ids.shape[1] :].tolist()
+    return _GREEDY[key]
 
 
 @pytest.mark.parametrize("constraint", ["none", "tree"])

@@ -38,7 +38,7 @@ def run(model, prompts, processor, **kwargs):
 @pytest.mark.parametrize("mode", list(DECODING))
 def test_tree_every_sequence_is_a_catalog_path(models, tok, tree, catalog, mode):
     kwargs, per_prompt = DECODING[mode]
-    hints = ["Krakow", "", "Tokyo"]  # different lengths: left padding; "" lets sampling spread out
+    hints = ["Krakow", ""]  # different lengths: left padding; "" lets sampling spread out
     out, width = run(models[0], [demo_prompt(h) for h in hints], TreeLogitsProcessor(tree), **kwargs)
     assert out.shape[0] == len(hints) * per_prompt
     names = []
@@ -91,7 +91,7 @@ def tok_bytes(text: str) -> list[int]:
 def test_tree_processor_reused_across_generations(models, tree):
     """One processor in a loop over prompts of different lengths gives what a fresh one gives."""
     shared = TreeLogitsProcessor(tree)
-    for hint in ["Buenos Aires", "Oslo", "Ho Chi Minh", "Rome"]:
+    for hint in ["Buenos Aires", "Oslo", "Ho Chi Minh"]:
         fresh, width = run(models[0], [demo_prompt(hint)], TreeLogitsProcessor(tree), do_sample=False, max_new_tokens=12)
         reused, _ = run(models[0], [demo_prompt(hint)], shared, do_sample=False, max_new_tokens=12)
         assert torch.equal(fresh, reused)
@@ -261,3 +261,20 @@ def test_grammar_processor_padded_vocab_and_errors(tokenizer_info):
         GrammarLogitsProcessor(prefix_dict=load_tree_config())
     with pytest.raises(ValueError, match="stop token id 999"):
         GrammarLogitsProcessor(tokenizer_info, regex="a", stop_token_ids=[999])
+
+
+def test_processors_in_hf_assisted_generation(models, tree, tokenizer_info):
+    """HF's own speculative decoding (assistant_model) calls processors with lengths that jump;
+    with prompt_length given, the output equals plain constrained greedy decoding."""
+    target, draft = models
+    prompt = torch.tensor([demo_prompt("Narnia")])
+    width = prompt.shape[1]
+    for make in (
+        lambda: TreeLogitsProcessor(tree, prompt_length=width),
+        lambda: GrammarLogitsProcessor(tokenizer_info, regex=ZONE, prompt_length=width),
+    ):
+        plain = target.generate(prompt, do_sample=False, max_new_tokens=MAX_NEW, logits_processor=LogitsProcessorList([make()]))
+        assisted = target.generate(
+            prompt, do_sample=False, max_new_tokens=MAX_NEW, assistant_model=draft, logits_processor=LogitsProcessorList([make()])
+        )
+        assert torch.equal(plain, assisted)
