@@ -4,7 +4,9 @@ A `GrammarBackend` compiles a constraint (kind + spec) into a `Grammar`: one req
 The manager only talks to these protocols, so an engine (xgrammar, TreeDFA, llguidance, ...) is one
 module with a backend class registered in `structured.registry`.
 
-Bitmasks handed to a grammar are host (CPU) int32 tensors in xgrammar's format.
+Bitmasks handed to a grammar are host (CPU) int32 tensors in xgrammar's format. A grammar may also
+offer `fork()` (an independent copy at the same state; the built-in engines do); callers that fork
+rows (beams, n > 1) fall back to `fresh()` plus a replay of the tokens without it.
 """
 from __future__ import annotations
 

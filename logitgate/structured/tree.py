@@ -261,6 +261,12 @@ class TreeDFA:
     def root(self) -> int:
         return 0
 
+    @property
+    def max_token_id(self) -> int:
+        """The largest token id the tree allows or steps on (the end token included); logits need
+        more columns than this."""
+        return int(self._host.info["max_token_id"])
+
     def _check_state(self, state: int) -> int:
         if not isinstance(state, (int, np.integer)) or isinstance(state, bool) or not 0 <= state < self.num_states:
             raise ValueError(f"state {state!r} is not a state of this tree (0 <= state < {self.num_states})")

@@ -93,6 +93,12 @@ class TreeGrammar:
     def fresh(self) -> TreeGrammar:
         return TreeGrammar(self.compiled)
 
+    def fork(self) -> TreeGrammar:
+        """An independent copy at the same state (beams, n > 1)."""
+        twin = TreeGrammar(self.compiled)
+        twin._states = list(self._states)
+        return twin
+
     @property
     def num_accepted_tokens(self) -> int:
         return len(self._states) - 1

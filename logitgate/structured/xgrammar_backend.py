@@ -96,6 +96,15 @@ class XGrammarGrammar:
     def fresh(self) -> XGrammarGrammar:
         return XGrammarGrammar(self.compiled, self.vocab_size, self.special_ids)
 
+    def fork(self) -> XGrammarGrammar:
+        """An independent copy at the same state (beams, n > 1): xgrammar copies the parse state."""
+        twin = XGrammarGrammar.__new__(XGrammarGrammar)
+        twin.compiled, twin.vocab_size, twin.special_ids = self.compiled, self.vocab_size, self.special_ids
+        twin.matcher = self.matcher.fork()
+        twin._history = TokenHistory()
+        twin._history.count = self._history.count
+        return twin
+
     @property
     def num_accepted_tokens(self) -> int:
         return self._history.count

@@ -352,3 +352,12 @@ def test_status_while_compiling_and_wait_timeout(tokenizer_info):
         assert m.wait("r", timeout=30) is RequestStatus.READY and m.is_ready("r")
     with pytest.raises(ValueError, match="closed"):
         m.add_request("s", StructuredOutputsParams(regex="a"))
+
+
+def test_sampling_params_field_class_is_accepted(manager, person):
+    """SamplingParams.structured_outputs holds logitgate.sampling's class; the manager takes it as is."""
+    from logitgate.sampling import StructuredOutputsParams as SamplingField
+
+    manager.add_request("f", SamplingField(json=PERSON_SCHEMA))
+    assert manager.wait("f", timeout=30) is RequestStatus.READY
+    assert torch.equal(manager.grammar_bitmask(["f"]), plain_rows(person, [[]]))

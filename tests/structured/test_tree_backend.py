@@ -130,3 +130,14 @@ def test_backend_batched_fill_equals_single_rows(tokenizer_info):
     assert grammars[2].fresh().num_accepted_tokens == 0
     with pytest.raises(ValueError, match="only 2 were accepted"):
         grammars[2].rollback(3)
+
+
+def test_tree_grammar_fork_is_an_independent_copy():
+    backend = TreeBackend(vocab_size=VOCAB_SIZE)
+    g = backend.compile("prefix_dict", CONFIG)
+    assert g.accept_tokens([11])
+    twin = g.fork()
+    assert twin.accept_tokens([13]) and g.accept_tokens([14])
+    assert g.num_accepted_tokens == twin.num_accepted_tokens == 2
+    twin.rollback(2)
+    assert twin.validate_tokens([10, 12, EOS]) == [10, 12, EOS] and g.validate_tokens([EOS]) == [EOS]

@@ -208,3 +208,12 @@ def test_out_of_range_tokens_in_advance_go_to_the_error_state():
     tree = TreeDFA.from_sequences([[5]], end_token_id=0)
     out = tree.advance(tree.initial_states(3), torch.tensor([-5, 2**31 + 5, 2**40]))
     assert out.tolist() == [tree.error_state] * 3
+
+
+def test_max_token_id_counts_the_end_token():
+    from logitgate import TreeDFA
+
+    tree = TreeDFA.from_sequences([[3, 9], [4]], end_token_id=20, cache=False)
+    assert tree.max_token_id == 20
+    tree = TreeDFA.from_sequences([[3, 90], [4]], end_token_id=20, cache=False)
+    assert tree.max_token_id == 90

@@ -147,3 +147,20 @@ def test_batched_fill_equals_row_by_row(engine):
         g.fill_bitmask(single, r)
     assert torch.equal(batched, single)
     assert batched.shape == (6, 10) and batched.dtype == torch.int32
+
+
+
+def test_fork_is_an_independent_copy(engine):
+    g = engine.compile("regex", "ab|ac")
+    assert g.accept_tokens([ord("a")])
+    twin = g.fork()
+    assert twin.num_accepted_tokens == 1
+    assert twin.accept_tokens([ord("b")]) and g.accept_tokens([ord("c")])
+    rows = engine.allocate_token_bitmask(2)
+    engine.fill_bitmasks([g, twin], rows, [0, 1])
+    assert torch.equal(rows[0], rows[1])  # both complete: the stop token only
+    g.rollback(1)
+    twin.rollback(2)  # the twin's history is its own
+    assert g.validate_tokens([ord("b"), EOS]) == [ord("b"), EOS]
+    assert twin.validate_tokens([ord("a"), ord("c"), EOS]) == [ord("a"), ord("c"), EOS]
+    assert g.num_accepted_tokens == 1 and twin.num_accepted_tokens == 0
