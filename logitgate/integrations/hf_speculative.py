@@ -16,9 +16,8 @@ import torch
 
 from ..generate import GenerationStats, Request, generate
 from ..sampling.params import SamplingParams
-from ..sampling.params import StructuredOutputsParams as SamplingStructuredOutputs
+from ..structured.params import StructuredOutputsParams
 from ..structured.manager import StructuredOutputManager
-from ..structured.params import convert_structured_outputs
 from ..structured.tree import TreeDFA
 
 logger = logging.getLogger(__name__)
@@ -183,7 +182,9 @@ def speculative_generate(
     constraint = None
     manager = None
     if structured_outputs is not None:
-        constraint = convert_structured_outputs(structured_outputs, SamplingStructuredOutputs)
+        if not isinstance(structured_outputs, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got {type(structured_outputs).__name__}")
+        constraint = structured_outputs
         grammar_vocab = int(tokenizer_info.vocab_size) if tokenizer_info is not None else vocab_size
         manager = StructuredOutputManager(tokenizer_info, vocab_size=grammar_vocab, num_speculative_tokens=num_speculative_tokens, max_workers=1)
     params = SamplingParams(

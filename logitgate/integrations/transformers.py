@@ -29,7 +29,7 @@ import torch
 from ..structured.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace, bitmask_from_token_ids
 from ..structured.grammar import Grammar, GrammarBackend
 from ..structured.manager import DEFAULT_KIND_BACKENDS
-from ..structured.params import StructuredOutputsParams, convert_structured_outputs
+from ..structured.params import StructuredOutputsParams
 from ..structured.registry import get_grammar_backend_factory
 from ..structured.tree import TreeDFA
 from .hf_speculative import SpeculativeOutput, speculative_generate
@@ -187,7 +187,9 @@ class GrammarLogitsProcessor(_HFLogitsProcessor):
     ) -> None:
         if (params is None) == (not constraint):
             raise ValueError("give the constraint either as params or as keyword fields (json=, regex=, ...), exactly one way")
-        params = StructuredOutputsParams(**constraint) if params is None else convert_structured_outputs(params, StructuredOutputsParams)
+        params = StructuredOutputsParams(**constraint) if params is None else params
+        if not isinstance(params, StructuredOutputsParams):
+            raise ValueError(f"params must be a StructuredOutputsParams, got {type(params).__name__}")
         if vocab_size is None:
             if tokenizer_info is None:
                 raise ValueError("vocab_size is needed when no tokenizer_info is given")

@@ -22,7 +22,7 @@ import torch
 
 from ..backends.reference import num_bitmask_words
 from .grammar import Grammar, GrammarBackend
-from .params import StructuredOutputsParams, convert_structured_outputs
+from .params import StructuredOutputsParams
 from .reasoning import EndMarker
 from .registry import get_grammar_backend_factory
 
@@ -183,10 +183,8 @@ class StructuredOutputManager:
         reasoning_ended: the prompt already closed the reasoning span (e.g. thinking disabled).
         A constraint that fails to compile fails this request alone; `error()` says why.
         """
-        try:  # SamplingParams.structured_outputs (logitgate.sampling's class) is accepted too
-            params = convert_structured_outputs(params, StructuredOutputsParams)
-        except ValueError as exc:
-            raise ValueError(f"params for request {request_id!r} must be StructuredOutputsParams: {exc}") from None
+        if not isinstance(params, StructuredOutputsParams):
+            raise ValueError(f"params for request {request_id!r} must be StructuredOutputsParams, got {type(params).__name__}")
         if self._closed:
             raise ValueError("the StructuredOutputManager is closed")
         name = self._backend_name_for(params.kind)

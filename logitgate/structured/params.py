@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["CONSTRAINT_KINDS", "StructuredOutputsParams", "convert_structured_outputs"]
+__all__ = ["CONSTRAINT_KINDS", "StructuredOutputsParams"]
 
 _P = TypeVar("_P")
 
@@ -129,28 +129,3 @@ class StructuredOutputsParams:
 def _is_set(kind: str, value: Any) -> bool:
     # json_object=False means "not requested", like vLLM's bool | None.
     return value is not None and not (kind == "json_object" and value is False)
-
-
-def convert_structured_outputs(params: Any, cls: type[_P]) -> _P:
-    """`params` as an instance of `cls`, one of the two StructuredOutputsParams classes (this one,
-    which the manager compiles, and `logitgate.sampling.StructuredOutputsParams`, the
-    SamplingParams field): the constraint field and the options carry over; a token_trie's
-    `end_token_id` moves into or out of a dict payload. ValueError when `params` is neither."""
-    if isinstance(params, cls):
-        return params
-    kind = getattr(params, "kind", None)
-    if kind not in CONSTRAINT_KINDS or not hasattr(params, "disable_any_whitespace"):
-        raise ValueError(f"expected StructuredOutputsParams, got {type(params).__name__}")
-    fields: dict[str, Any] = {kind: getattr(params, kind), "disable_any_whitespace": params.disable_any_whitespace}
-    targets = getattr(cls, "__dataclass_fields__", {})
-    for name in ("end_token_id", "enable_in_reasoning"):
-        value = getattr(params, name, None)
-        if value is None:
-            continue
-        if name in targets:
-            fields[name] = value
-        elif name == "end_token_id" and isinstance(fields[kind], Mapping):
-            fields[kind] = {**fields[kind], "end_token_id": value}
-        else:
-            raise ValueError(f"{type(params).__name__}.{name}={value!r} cannot be expressed as {cls.__module__}.{cls.__name__}")
-    return cls(**fields)

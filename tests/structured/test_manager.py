@@ -354,10 +354,13 @@ def test_status_while_compiling_and_wait_timeout(tokenizer_info):
         m.add_request("s", StructuredOutputsParams(regex="a"))
 
 
-def test_sampling_params_field_class_is_accepted(manager, person):
-    """SamplingParams.structured_outputs holds logitgate.sampling's class; the manager takes it as is."""
+def test_sampling_params_field_is_the_managers_class(manager, person):
+    """SamplingParams.structured_outputs is the very class the manager compiles (one class library-wide)."""
+    from logitgate.sampling import SamplingParams
     from logitgate.sampling import StructuredOutputsParams as SamplingField
 
-    manager.add_request("f", SamplingField(json=PERSON_SCHEMA))
+    assert SamplingField is StructuredOutputsParams
+    params = SamplingParams(structured_outputs=SamplingField(json=PERSON_SCHEMA))
+    manager.add_request("f", params.structured_outputs)
     assert manager.wait("f", timeout=30) is RequestStatus.READY
     assert torch.equal(manager.grammar_bitmask(["f"]), plain_rows(person, [[]]))

@@ -66,22 +66,3 @@ def test_frozen_hashable_and_cache_key_ignores_dict_order():
         a.regex = "x"  # type: ignore[misc]
     compact = StructuredOutputsParams(json={"type": "object"}, disable_any_whitespace=True)
     assert compact.cache_key() != StructuredOutputsParams(json={"type": "object"}).cache_key()
-
-
-def test_convert_between_the_two_params_classes():
-    from logitgate.sampling.params import StructuredOutputsParams as SamplingParamsField
-    from logitgate.structured.params import convert_structured_outputs
-
-    ours = StructuredOutputsParams(json={"type": "object"}, disable_any_whitespace=True)
-    assert convert_structured_outputs(ours, StructuredOutputsParams) is ours
-    field = convert_structured_outputs(ours, SamplingParamsField)
-    assert isinstance(field, SamplingParamsField) and field.json == {"type": "object"} and field.disable_any_whitespace
-    back = convert_structured_outputs(field, StructuredOutputsParams)
-    assert back.cache_key() == ours.cache_key()
-    # A token_trie's end token moves into the payload (the manager reads it there).
-    trie = SamplingParamsField(token_trie={"descriptors": []}, end_token_id=7)
-    assert convert_structured_outputs(trie, StructuredOutputsParams).token_trie == {"descriptors": [], "end_token_id": 7}
-    with pytest.raises(ValueError, match="end_token_id=7 cannot be expressed"):
-        convert_structured_outputs(SamplingParamsField(token_trie="trie.json", end_token_id=7), StructuredOutputsParams)
-    with pytest.raises(ValueError, match="expected StructuredOutputsParams, got dict"):
-        convert_structured_outputs({"regex": "a"}, StructuredOutputsParams)
