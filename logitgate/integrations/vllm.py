@@ -15,7 +15,6 @@ module then still imports and the class works with logitgate's BatchUpdate).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -89,12 +88,7 @@ class TreeDecodeLogitsProcessor(_Base):
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         return self.tree.apply(logits)
 
-    def apply_with_spec_decode(
-        self,
-        logits: torch.Tensor,
-        num_draft_tokens: Sequence[int],
-        draft_token_ids: Sequence[Sequence[int]] | None = None,
-    ) -> torch.Tensor:
+    def apply_with_spec_decode(self, logits, num_draft_tokens, draft_token_ids=None) -> torch.Tensor:
         """logitgate's layout (each request's draft rows, then its bonus row; see
         `LogitsProcessor.apply_with_spec_decode`); vLLM 0.33 itself never calls this."""
         return self.tree.apply_with_spec_decode(logits, num_draft_tokens, draft_token_ids)

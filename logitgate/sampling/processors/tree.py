@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -190,12 +190,7 @@ class Tree(LogitsProcessor):
             entries.append((index, row.walk.tree, row.walk.state))
         return self._mask(logits, entries)
 
-    def apply_with_spec_decode(
-        self,
-        logits: torch.Tensor,
-        num_draft_tokens: Sequence[int],
-        draft_token_ids: Sequence[Sequence[int]] | None = None,
-    ) -> torch.Tensor:
+    def apply_with_spec_decode(self, logits, num_draft_tokens, draft_token_ids=None) -> torch.Tensor:
         layout = SpecDecodeLayout(num_draft_tokens, logits.shape[0], draft_token_ids)
         entries = []
         for index, row in self._rows.items():
