@@ -10,7 +10,7 @@ STAMP := $(VENV)/.logitgate-installed
 # The vLLM integration is tested against vLLM's real interface classes. vLLM's declared
 # dependencies pull a CUDA torch and GPU kernels, so vllm and exactly the pure-Python packages its
 # interface modules import are installed one by one with --no-deps (none of them needs torch), at
-# the versions tested here. About 340 MB of downloads (43 s here). `make test VLLM_SPEC=` skips it.
+# the versions tested here. About 340 MB of downloads (30-45 s here). `make test VLLM_SPEC=` skips it.
 VLLM_SPEC ?= vllm==0.33.0
 VLLM_DEPS := aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 annotated-types==0.8.0 \
 	attrs==26.1.0 cachetools==8.0.1 cbor2==6.2.1 certifi==2026.10.18 charset-normalizer==3.5.2 \

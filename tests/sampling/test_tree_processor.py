@@ -126,7 +126,7 @@ def test_tree_from_a_path_and_a_json_string(tmp_path):
         ({"tree_decode": CONFIG, "token_trie_path": "act"}, "'token_trie_path'] applies to 'token_trie', not to 'tree_decode'"),
         ({"token_trie": TRIE}, "needs extra_args['end_token_id']"),
         ({"token_trie": TRIE, "end_token_id": -3}, "end_token_id"),
-        ({"token_trie": TRIE, "end_token_id": V}, f"end_token_id {V}"),
+        ({"token_trie": TRIE, "end_token_id": V}, f"extra_args['end_token_id'] {V} is >= vocab_size {V}"),
         ({"token_trie": TRIE, "end_token_id": EOS, "token_trie_path": 3}, "'token_trie_path'] must be a string"),
         ({"token_trie": TRIE, "end_token_id": EOS, "token_trie_model_id": "other"}, "for model 'm', not 'other'"),
         ({"tree_decode": {"end_token_id": EOS, "prefix_dict": {}}}, "start_token_id"),

@@ -23,7 +23,8 @@ from typing import Any, NamedTuple
 import torch
 
 from ...constraints import TreeConstraint
-from ...structured.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
+from ...backends.reference import num_bitmask_words
+from ...structured.bitmask import apply_token_bitmask_inplace
 from ...structured.tree import TreeDFA
 from ...structured.tree_loaders import check_token_id, check_vocab_size
 from .interface import BatchUpdate, LogitsProcessor
@@ -51,13 +52,14 @@ class TreeRequest(NamedTuple):
 
     def compile(self, vocab_size: int | None, device: Any = "cpu", eos_token_id: int | None = None) -> TreeDFA:
         """The compiled (cached) TreeDFA; ValueError names the extra_args key at fault."""
+        if self.kind == TOKEN_TRIE:
+            end = self.end_token_id if self.end_token_id is not None else eos_token_id
+            if end is None:
+                raise ValueError(f"extra_args[{TOKEN_TRIE!r}] needs extra_args[{END_TOKEN_ID!r}]: the token that ends an item")
+            check_token_id(end, f"extra_args[{END_TOKEN_ID!r}]" if self.end_token_id is not None else "eos_token_id", vocab_size)
         try:
             if self.kind == TREE_DECODE:
                 return TreeDFA.from_prefix_dict(self.source, vocab_size=vocab_size, device=device)
-            end = self.end_token_id if self.end_token_id is not None else eos_token_id
-            if end is None:
-                raise ValueError(f"needs extra_args[{END_TOKEN_ID!r}]: the token that ends an item of the trie")
-            check_token_id(end, END_TOKEN_ID, vocab_size)
             return TreeDFA.from_token_trie(
                 self.source, end_token_id=end, path=self.path, model_id=self.model_id, vocab_size=vocab_size, device=device
             )
@@ -216,17 +218,23 @@ class Tree(LogitsProcessor):
         Rows without an entry keep their logits."""
         if not entries:
             return logits
-        by_tree: dict[int, tuple[TreeDFA, list[int], list[int]]] = {}
+        by_tree: dict[int, tuple[TreeDFA, list[tuple[int, int]]]] = {}
         for logit_row, tree, state in entries:
-            _, rows, states = by_tree.setdefault(id(tree), (tree, [], []))
-            rows.append(logit_row)
-            states.append(state)
-        bitmask = allocate_token_bitmask(logits.shape[0], logits.shape[-1], device=logits.device)
+            by_tree.setdefault(id(tree), (tree, []))[1].append((logit_row, state))
+        # Rows the apply skips (no entry) are never read, so the bitmask needs no initialisation.
+        words = num_bitmask_words(logits.shape[-1])
+        bitmask = torch.empty((logits.shape[0], words), dtype=torch.int32, device=logits.device)
         masked_rows: list[int] = []
-        for tree, rows, states in by_tree.values():
-            part = torch.empty((len(rows), bitmask.shape[1]), dtype=torch.int32, device=tree.device)
-            tree.fill_bitmask(self._upload(states, tree.device), part)
-            bitmask.index_copy_(0, self._upload(rows, bitmask.device), part.to(bitmask.device, non_blocking=True))
+        for tree, pairs in by_tree.values():
+            pairs.sort()
+            rows = [row for row, _ in pairs]
+            states = self._upload([state for _, state in pairs], tree.device)
+            if rows[-1] - rows[0] + 1 == len(rows) and tree.device == bitmask.device:
+                tree.fill_bitmask(states, bitmask[rows[0] : rows[-1] + 1])  # consecutive rows: fill in place
+            else:
+                part = torch.empty((len(rows), words), dtype=torch.int32, device=tree.device)
+                tree.fill_bitmask(states, part)
+                bitmask.index_copy_(0, self._upload(rows, bitmask.device), part.to(bitmask.device, non_blocking=True))
             masked_rows.extend(rows)
         apply_token_bitmask_inplace(logits, bitmask, indices=masked_rows)
         return logits
