@@ -4,9 +4,12 @@ each processor's output, row by row, must equal a per-request reference computed
 request's parameters and tokens alone — at the current position and, under speculative decoding,
 at every draft position."""
 import random
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from persistent_batch import PersistentBatch
 
 from logitgate.sampling import SamplingParams
 from logitgate.sampling.processors import (
@@ -18,7 +21,11 @@ from logitgate.sampling.processors import (
     MoveDirectionality,
     MultiSeq,
     ThinkMode,
+    Tree,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "structured"))
+from rtp_reference import RtpStringTreeDFA, SequenceTrieModel  # noqa: E402  (the tree semantics, from first principles)
 
 V = 32
 EOS = 1
@@ -105,6 +112,42 @@ def ref_thinkmode(row, params, prompt, tokens):
     return row
 
 
+# Trees over the small vocabulary: two prefix dicts (one a JSON string: a different cache key, the
+# same tree) and a token trie ending in EOS. Tokens 8..15 so that random picks hit them often.
+PREFIX_DICT = {"start_token_id": 31, "end_token_id": EOS, "prefix_dict": {
+    "31": [8, 9], "31_8": [10, 11], "31_8_10": [EOS], "31_8_11": [12], "31_9": [], "31_8_11_12": [8, 13]}}
+OTHER_PREFIX_DICT = {"start_token_id": 30, "end_token_id": 7, "prefix_dict": {"30": [12, 13, 14], "30_13": [15]}}
+TRIE_SEQUENCES = [[8, 9], [8, 9, 10], [12]]
+TRIE = {"modelId": "fuzz", "descriptors": [{"path": "p", "leaves": [{"name": str(i), "tokens": s} for i, s in enumerate(TRIE_SEQUENCES)]}]}
+
+
+def random_tree_args(rng: random.Random) -> dict | None:
+    return rng.choice([
+        None,
+        None,
+        {"tree_decode": PREFIX_DICT},
+        {"tree_decode": OTHER_PREFIX_DICT},
+        {"token_trie": TRIE, "end_token_id": EOS, "token_trie_path": "p"},
+    ])
+
+
+def ref_tree(row, params, prompt, tokens):
+    args = params.extra_args
+    if not args:
+        return row
+    if "tree_decode" in args:
+        config = args["tree_decode"]
+        model = RtpStringTreeDFA(config["prefix_dict"], config["start_token_id"], config["end_token_id"])
+    else:
+        model = SequenceTrieModel(TRIE_SEQUENCES, args["end_token_id"])
+    for t in tokens:
+        model.next(t)
+    out = torch.full_like(row, NEG_INF)
+    allowed = model.candidates()
+    out[allowed] = row[allowed]
+    return out
+
+
 def make_processors():
     return {
         "MinP": (MinP(), ref_min_p),
@@ -112,6 +155,7 @@ def make_processors():
         "MinTokens": (MinTokens(V, eos_token_id=EOS), ref_min_tokens),
         "MultiSeq": (MultiSeq(V, eos_token_id=EOS), ref_multiseq),
         "ThinkMode": (ThinkMode(V, end_think_token_ids=END_SEQ, end_think_token_id=MARKER, begin_think_token_id=BEGIN), ref_thinkmode),
+        "Tree": (Tree(V), ref_tree),
     }
 
 
@@ -126,6 +170,7 @@ def random_params(rng: random.Random) -> SamplingParams:
         ignore_eos=rng.random() < 0.2,
         max_tokens=None,
         max_thinking_tokens=rng.choice([None, 0, 1, 3, 6]),
+        extra_args=random_tree_args(rng),
     )
 
 
@@ -137,72 +182,25 @@ def random_prompt(rng: random.Random) -> list[int]:
     return prompt
 
 
-class PersistentBatch:
-    """Slots of requests as vLLM's InputBatch keeps them, driving a BatchUpdateBuilder."""
-
-    def __init__(self, rng: random.Random):
-        self.rng = rng
-        self.slots: list[dict | None] = []
-        self.builder = BatchUpdateBuilder()
-        self.next_id = 0
-
-    @property
-    def size(self) -> int:
-        return len(self.slots)
-
-    def step_changes(self):
-        rng = self.rng
-        for index, slot in enumerate(self.slots):
-            if slot is not None and rng.random() < 0.15:
-                self.slots[index] = None
-                self.builder.removed_append(index)
-        for _ in range(rng.randint(0, 3)):
-            if sum(s is not None for s in self.slots) >= 8:
-                break
-            request = {"id": self.next_id, "params": random_params(rng), "prompt": random_prompt(rng), "output": []}
-            if rng.random() < 0.2:  # a resumed request arrives with tokens already generated
-                request["output"] = [rng.randrange(V) for _ in range(rng.randint(1, 4))]
-            self.next_id += 1
-            index = self.builder.pop_removed()
-            if index is None:
-                index = len(self.slots)
-                self.slots.append(None)
-            self.slots[index] = request
-            self.builder.add(index, request["params"], request["prompt"], request["output"])
-        # Condense: move the last request into the lowest hole until the batch is dense.
-        holes = sorted(self.builder.removed)
-        while holes:
-            hole = holes.pop(0)
-            while self.slots and self.slots[-1] is None:
-                self.slots.pop()
-            if hole >= len(self.slots):
-                continue
-            last = len(self.slots) - 1
-            self.slots[hole], self.slots[last] = self.slots[last], None
-            self.builder.move(last, hole, MoveDirectionality.UNIDIRECTIONAL)
-            self.slots.pop()
-        while self.slots and self.slots[-1] is None:
-            self.slots.pop()
-        for _ in range(rng.randint(0, 2)):
-            if len(self.slots) >= 2:
-                a, b = rng.sample(range(len(self.slots)), 2)
-                self.slots[a], self.slots[b] = self.slots[b], self.slots[a]
-                self.builder.move(a, b, MoveDirectionality.SWAP)
-        assert all(s is not None for s in self.slots)
-        return self.builder.get_and_reset(len(self.slots))
+def new_request(rng: random.Random) -> dict:
+    request = {"params": random_params(rng), "prompt": random_prompt(rng), "output": []}
+    if rng.random() < 0.2:  # a resumed request arrives with tokens already generated
+        request["output"] = [rng.randrange(V) for _ in range(rng.randint(1, 4))]
+    return request
 
 
-def pick_token(rng: random.Random, processed_row: torch.Tensor) -> int:
-    if rng.random() < 0.5:
-        return int(processed_row.argmax())
-    return rng.choice([EOS, BEGIN, 3, 4, 5, 6, 7, rng.randrange(V)])
+def pick_token(rng: random.Random, *processed_rows: torch.Tensor) -> int:
+    """The argmax of one processor's output (so constrained paths get deep), or any token."""
+    if rng.random() < 0.7:
+        return int(rng.choice(processed_rows).argmax())
+    return rng.choice([EOS, BEGIN, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, rng.randrange(V)])
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_processors_follow_a_shuffled_persistent_batch(seed):
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    batch = PersistentBatch(rng)
+    batch = PersistentBatch(rng, new_request, BatchUpdateBuilder(), MoveDirectionality)
     processors = make_processors()
     together = LogitsProcessors([MinP(), LogitBias(V), MinTokens(V, eos_token_id=EOS), MultiSeq(V, eos_token_id=EOS)])
     checked_spec = 0
@@ -221,7 +219,7 @@ def test_processors_follow_a_shuffled_persistent_batch(seed):
                 assert torch.equal(got[row], expected), f"{name}, step {step}, row {row}, request {request['id']}"
 
         # Speculative decoding: random drafts; each draft position sees the tokens before it.
-        drafts = [[rng.choice([EOS, BEGIN, 3, 4, 5, 6, rng.randrange(V)]) for _ in range(rng.randint(0, 3))] for _ in batch.slots]
+        drafts = [[rng.choice([EOS, BEGIN, 3, 4, 5, 6, 8, 9, 10, 11, 12, 13, rng.randrange(V)]) for _ in range(rng.randint(0, 3))] for _ in batch.slots]
         counts = [len(d) for d in drafts]
         target = torch.randn(sum(counts) + len(counts), V) * 3
         for name, (processor, reference) in processors.items():
@@ -239,10 +237,11 @@ def test_processors_follow_a_shuffled_persistent_batch(seed):
         combined = logits.clone()
         for processor in together.non_argmax_invariant + together.argmax_invariant:
             combined = processor.apply(combined)
+        think, tree = (processors[name][0].apply(logits.clone()) for name in ("ThinkMode", "Tree"))
         for row, request in enumerate(batch.slots):
             expected = logits[row]
             for ref in (ref_logit_bias, ref_min_tokens, ref_multiseq, ref_min_p):
                 expected = ref(expected, request["params"], request["prompt"], request["output"])
             assert torch.equal(combined[row], expected)
-            request["output"].append(pick_token(rng, processors["ThinkMode"][0].apply(logits.clone())[row]))
+            request["output"].append(pick_token(rng, think[row], tree[row]))
     assert checked_spec > 0

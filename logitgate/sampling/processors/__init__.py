@@ -6,6 +6,7 @@ from .interface import AddedRequest, BatchUpdate, LogitsProcessor, MoveDirection
 from .multiseq import MultiSeq
 from .state import BatchUpdateBuilder, LogitsProcessors, SpecDecodeLayout, process_dict_updates
 from .thinkmode import ThinkMode
+from .tree import Tree, TreeRequest, tree_request
 
 __all__ = [
     "AddedRequest",
@@ -22,6 +23,9 @@ __all__ = [
     "RemovedRequest",
     "SpecDecodeLayout",
     "ThinkMode",
+    "Tree",
+    "TreeRequest",
     "builtin_logits_processors",
     "process_dict_updates",
+    "tree_request",
 ]

@@ -1,0 +1,94 @@
+"""vLLM v1 custom logits processor for tree decode.
+
+`TreeDecodeLogitsProcessor` constrains every request whose `SamplingParams.extra_args` names a tree
+("tree_decode": an RTP-LLM prefix-dict config; or "token_trie" with "end_token_id") to that tree's
+paths; other requests are left alone. Enable it with
+`LLM(model, logits_processors=["logitgate.integrations.vllm:TreeDecodeLogitsProcessor"])` (or
+`vllm serve --logits-processors ...`); installing logitgate also advertises it through the
+`vllm.logits_processors` entry point, which vLLM loads for every deployment without speculative
+decoding (vLLM 0.33 refuses custom logits processors when speculative decoding is on).
+
+The work is done by `logitgate.sampling.processors.Tree`; this class only speaks vLLM's interface:
+it subclasses vLLM's `LogitsProcessor` when vLLM is importable, and logitgate's own otherwise (the
+module then still imports and the class works with logitgate's BatchUpdate).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from ..sampling.processors.interface import BatchUpdate, MoveDirectionality
+from ..sampling.processors.interface import LogitsProcessor as _LogitgateLogitsProcessor
+from ..sampling.processors.tree import Tree, tree_request
+
+logger = logging.getLogger(__name__)
+
+try:
+    from vllm.v1.sample.logits_processor import LogitsProcessor as _Base
+
+    VLLM_AVAILABLE = True
+except ImportError as exc:  # vLLM is optional: fall back to logitgate's identical interface
+    logger.debug("vllm is not importable (%s); TreeDecodeLogitsProcessor uses logitgate's interface", exc)
+    _Base = _LogitgateLogitsProcessor
+    VLLM_AVAILABLE = False
+
+__all__ = ["FQCN", "VLLM_AVAILABLE", "TreeDecodeLogitsProcessor"]
+
+FQCN = "logitgate.integrations.vllm:TreeDecodeLogitsProcessor"
+
+
+def _vocab_size(vllm_config: Any) -> int:
+    if isinstance(vllm_config, int) and not isinstance(vllm_config, bool):
+        return vllm_config
+    model_config = getattr(vllm_config, "model_config", None)
+    if model_config is None:
+        raise ValueError("vllm_config has no model_config: TreeDecodeLogitsProcessor needs the model's vocabulary size")
+    return int(model_config.get_vocab_size())
+
+
+def _as_logitgate_update(batch_update: Any) -> BatchUpdate | None:
+    """vLLM's BatchUpdate as logitgate's: the same tuples, with vLLM's MoveDirectionality members
+    mapped by name (the two enums are distinct classes)."""
+    if batch_update is None or isinstance(batch_update, BatchUpdate):
+        return batch_update
+    moved = [(a, b, MoveDirectionality[direction.name]) for a, b, direction in batch_update.moved]
+    return BatchUpdate(
+        batch_size=batch_update.batch_size,
+        removed=batch_update.removed,
+        added=batch_update.added,
+        moved=moved,
+    )
+
+
+class TreeDecodeLogitsProcessor(_Base):
+    """vLLM's constructor: `(vllm_config, device, is_pin_memory)`; the vocabulary size comes from
+    `vllm_config.model_config.get_vocab_size()` (outside vLLM, pass the vocabulary size as an int).
+    Not argmax-invariant: greedy requests are constrained too."""
+
+    def __init__(self, vllm_config: Any, device: torch.device | str, is_pin_memory: bool = False) -> None:
+        self.tree = Tree(_vocab_size(vllm_config), device, pin_memory=is_pin_memory)
+
+    @classmethod
+    def validate_params(cls, sampling_params: Any) -> None:
+        """Called by vLLM's front end for every request (before it reaches a worker): checks the
+        tree arguments and compiles the tree on the CPU (cached), so a malformed tree is an HTTP 400.
+        Token ids are checked against the vocabulary only in the worker, which knows it."""
+        request = tree_request(sampling_params)
+        if request is not None:
+            request.compile(vocab_size=None)
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update: Any) -> None:
+        self.tree.update_state(_as_logitgate_update(batch_update))
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.tree.apply(logits)
+
+    def apply_with_spec_decode(self, logits, num_draft_tokens, draft_token_ids=None) -> torch.Tensor:
+        """logitgate's layout (each request's draft rows, then its bonus row; see
+        `LogitsProcessor.apply_with_spec_decode`); vLLM 0.33 itself never calls this."""
+        return self.tree.apply_with_spec_decode(logits, num_draft_tokens, draft_token_ids)

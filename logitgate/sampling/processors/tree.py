@@ -1,0 +1,240 @@
+"""Tree (RTP-LLM's tree decode as a logits processor): each request that asks for it in
+`SamplingParams.extra_args` is constrained to the paths of a TreeDFA.
+
+extra_args keys (all optional; a request with neither tree key is left alone):
+- "tree_decode": an RTP-LLM prefix-dict config (dict, JSON string or path), as `TreeDFA.from_prefix_dict`;
+- "token_trie": a TokenTreePayload (dict, JSON string or path), as `TreeDFA.from_token_trie`, with
+  "end_token_id" (default: the processor's `eos_token_id`), "token_trie_path" (the descriptor) and
+  "token_trie_model_id" (reject a payload built for another model).
+
+Trees come from the TreeDFA loaders and their process-wide compile cache, so requests that bring
+the same tree share one compiled copy. A row's state follows the request's output-token list (the
+engine's own list, held by reference): new tokens are read when the logits are processed, not in
+`update_state`, because under vLLM's async scheduling the last entries are -1 placeholders until
+just before sampling.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import torch
+
+from ...constraints import TreeConstraint
+from ...backends.reference import num_bitmask_words
+from ...structured.bitmask import apply_token_bitmask_inplace
+from ...structured.tree import TreeDFA
+from ...structured.tree_loaders import check_token_id, check_vocab_size
+from .interface import BatchUpdate, LogitsProcessor
+from .state import SpecDecodeLayout, process_dict_updates, validate_added
+
+__all__ = ["TREE_ARG_KEYS", "Tree", "TreeRequest", "tree_request"]
+
+logger = logging.getLogger(__name__)
+
+TREE_DECODE, TOKEN_TRIE, END_TOKEN_ID = "tree_decode", "token_trie", "end_token_id"
+TRIE_PATH, TRIE_MODEL_ID = "token_trie_path", "token_trie_model_id"
+TREE_ARG_KEYS = (TREE_DECODE, TOKEN_TRIE, END_TOKEN_ID, TRIE_PATH, TRIE_MODEL_ID)
+_TRIE_ONLY = (END_TOKEN_ID, TRIE_PATH, TRIE_MODEL_ID)
+_SOURCE_TYPES = (dict, str, bytes, os.PathLike)
+
+
+class TreeRequest(NamedTuple):
+    """A request's tree, as named by its extra_args (checked for shape, not yet compiled)."""
+
+    kind: str  # "tree_decode" or "token_trie"
+    source: Any
+    end_token_id: int | None = None
+    path: str | None = None
+    model_id: str | None = None
+
+    def compile(self, vocab_size: int | None, device: Any = "cpu", eos_token_id: int | None = None) -> TreeDFA:
+        """The compiled (cached) TreeDFA; ValueError names the extra_args key at fault."""
+        if self.kind == TOKEN_TRIE:
+            end = self.end_token_id if self.end_token_id is not None else eos_token_id
+            if end is None:
+                raise ValueError(f"extra_args[{TOKEN_TRIE!r}] needs extra_args[{END_TOKEN_ID!r}]: the token that ends an item")
+            check_token_id(end, f"extra_args[{END_TOKEN_ID!r}]" if self.end_token_id is not None else "eos_token_id", vocab_size)
+        try:
+            if self.kind == TREE_DECODE:
+                return TreeDFA.from_prefix_dict(self.source, vocab_size=vocab_size, device=device)
+            return TreeDFA.from_token_trie(
+                self.source, end_token_id=end, path=self.path, model_id=self.model_id, vocab_size=vocab_size, device=device
+            )
+        except ValueError as err:
+            raise ValueError(f"extra_args[{self.kind!r}]: {err}") from None
+
+
+def tree_request(params: Any) -> TreeRequest | None:
+    """The tree a request asks for in `params.extra_args` (logitgate's or vLLM's SamplingParams),
+    or None. ValueError for malformed arguments (both tree kinds, a wrong type, a trie option
+    without a trie)."""
+    args = getattr(params, "extra_args", None)
+    if args is None:
+        return None
+    if not isinstance(args, Mapping):
+        raise ValueError(f"extra_args must be a dict, got {type(args).__name__}")
+    given = [key for key in (TREE_DECODE, TOKEN_TRIE) if args.get(key) is not None]
+    if not given:
+        stray = [key for key in _TRIE_ONLY if args.get(key) is not None]
+        if stray:
+            raise ValueError(f"extra_args[{stray[0]!r}] applies to {TOKEN_TRIE!r}, which is not given")
+        return None
+    if len(given) > 1:
+        raise ValueError(f"extra_args has both {TREE_DECODE!r} and {TOKEN_TRIE!r}; a request decodes under one tree")
+    kind = given[0]
+    source = args[kind]
+    if not isinstance(source, _SOURCE_TYPES):
+        raise ValueError(f"extra_args[{kind!r}] must be a dict, a JSON string or a path, got {type(source).__name__}")
+    if kind == TREE_DECODE:
+        stray = [key for key in _TRIE_ONLY if args.get(key) is not None]
+        if stray:
+            raise ValueError(f"extra_args[{stray[0]!r}] applies to {TOKEN_TRIE!r}, not to {TREE_DECODE!r}")
+        return TreeRequest(kind, source)
+    end = args.get(END_TOKEN_ID)
+    if end is not None:
+        end = check_token_id(end, f"extra_args[{END_TOKEN_ID!r}]", None)
+    for key in (TRIE_PATH, TRIE_MODEL_ID):
+        if args.get(key) is not None and not isinstance(args[key], str):
+            raise ValueError(f"extra_args[{key!r}] must be a string, got {type(args[key]).__name__}")
+    return TreeRequest(kind, source, end, args.get(TRIE_PATH), args.get(TRIE_MODEL_ID))
+
+
+class _TreeRow:
+    """One request's walk: the tree state after the first `consumed` tokens of its output list."""
+
+    __slots__ = ("consumed", "output_ids", "walk")
+
+    def __init__(self, tree: TreeDFA, output_ids: list[int]) -> None:
+        self.walk = TreeConstraint(tree)
+        self.output_ids = output_ids
+        self.consumed = 0
+
+    def catch_up(self) -> None:
+        out = self.output_ids
+        if len(out) < self.consumed:  # the engine dropped tokens (vLLM, after a failed KV load): replay
+            self.walk, self.consumed = TreeConstraint(self.walk.tree), 0
+        end = self.consumed
+        while end < len(out) and out[end] >= 0:  # -1: an async-scheduling placeholder, filled before sampling
+            end += 1
+        self.walk.accept(out[self.consumed : end])
+        self.consumed = end
+
+
+class Tree(LogitsProcessor):
+    """Only tokens on the request's tree are allowed (RTP-LLM semantics: the end token is the
+    fallback of a missing key, an unknown token leads to the error state, the end token finishes).
+
+    vocab_size: the model's vocabulary (token ids are checked against it); device: where logits
+    and compiled trees live; eos_token_id: the default end token of a token trie; pin_memory:
+    stage the per-step state uploads in pinned host memory (CUDA/NPU).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        device: torch.device | str = "cpu",
+        *,
+        eos_token_id: int | None = None,
+        pin_memory: bool = False,
+    ) -> None:
+        check_vocab_size(vocab_size)
+        if vocab_size is None:
+            raise ValueError("vocab_size is required: the model's vocabulary size")
+        if eos_token_id is not None:
+            check_token_id(eos_token_id, "eos_token_id", vocab_size)
+        self.vocab_size = int(vocab_size)
+        self.device = torch.device(device)
+        self.eos_token_id = eos_token_id
+        self.pin_memory = pin_memory
+        self._rows: dict[int, _TreeRow] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def tree_for(self, params: Any) -> TreeDFA | None:
+        """The compiled tree `params` asks for (None: no tree); ValueError names the problem."""
+        request = tree_request(params)
+        if request is None:
+            return None
+        return request.compile(self.vocab_size, self.device, self.eos_token_id)
+
+    def validate_params(self, params: Any) -> None:
+        self.tree_for(params)
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return  # tokens are read in apply (see the module docstring)
+        trees: dict[int, TreeDFA | None] = {}
+        # Compile every added request first: a bad one raises (naming its row) before any state changes.
+        validate_added(batch_update, lambda params: trees.__setitem__(id(params), self.tree_for(params)))
+
+        def new_row(params: Any, _prompt: list[int] | None, output_ids: list[int]) -> _TreeRow | None:
+            tree = trees[id(params)]
+            return None if tree is None else _TreeRow(tree, output_ids)
+
+        process_dict_updates(self._rows, batch_update, new_row)
+
+    def state(self, index: int) -> int | None:
+        """The tree state of the request at row `index` after its output so far (None: no tree)."""
+        row = self._rows.get(index)
+        if row is None:
+            return None
+        row.catch_up()
+        return row.walk.state
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        entries = []
+        for index, row in self._rows.items():
+            row.catch_up()
+            entries.append((index, row.walk.tree, row.walk.state))
+        return self._mask(logits, entries)
+
+    def apply_with_spec_decode(self, logits, num_draft_tokens, draft_token_ids=None) -> torch.Tensor:
+        layout = SpecDecodeLayout(num_draft_tokens, logits.shape[0], draft_token_ids)
+        entries = []
+        for index, row in self._rows.items():
+            row.catch_up()
+            drafts = [int(t) for t in layout.drafts(index, "Tree")]
+            # A placeholder draft (an id outside the vocabulary) is always rejected, so the rows
+            # after it are never sampled; they get the error state, as TreeDFA.advance would give.
+            valid = next((i for i, t in enumerate(drafts) if not 0 <= t < self.vocab_size), len(drafts))
+            tree = row.walk.tree
+            states = row.walk.walk_states(drafts[:valid]) + [tree.error_state] * (len(drafts) - valid)
+            entries.extend((logit_row, tree, s) for logit_row, s in zip(layout.rows_of(index), states))
+        return self._mask(logits, entries)
+
+    def _upload(self, values: list[int], device: torch.device) -> torch.Tensor:
+        host = torch.tensor(values, dtype=torch.int64)
+        if self.pin_memory and device.type != "cpu":
+            host = host.pin_memory()
+        return host.to(device, non_blocking=True)
+
+    def _mask(self, logits: torch.Tensor, entries: list[tuple[int, TreeDFA, int]]) -> torch.Tensor:
+        """Mask logits row r to the allowed set of its tree state: one batched `fill_bitmask` per
+        distinct tree (one in all when the requests share a tree), one bitmask apply for the batch.
+        Rows without an entry keep their logits."""
+        if not entries:
+            return logits
+        by_tree: dict[int, tuple[TreeDFA, list[tuple[int, int]]]] = {}
+        for logit_row, tree, state in entries:
+            by_tree.setdefault(id(tree), (tree, []))[1].append((logit_row, state))
+        # Rows the apply skips (no entry) are never read, so the bitmask needs no initialisation.
+        words = num_bitmask_words(logits.shape[-1])
+        bitmask = torch.empty((logits.shape[0], words), dtype=torch.int32, device=logits.device)
+        masked_rows: list[int] = []
+        for tree, pairs in by_tree.values():
+            pairs.sort()
+            rows = [row for row, _ in pairs]
+            states = self._upload([state for _, state in pairs], tree.device)
+            if rows[-1] - rows[0] + 1 == len(rows) and tree.device == bitmask.device:
+                tree.fill_bitmask(states, bitmask[rows[0] : rows[-1] + 1])  # consecutive rows: fill in place
+            else:
+                part = torch.empty((len(rows), words), dtype=torch.int32, device=tree.device)
+                tree.fill_bitmask(states, part)
+                bitmask.index_copy_(0, self._upload(rows, bitmask.device), part.to(bitmask.device, non_blocking=True))
+            masked_rows.extend(rows)
+        apply_token_bitmask_inplace(logits, bitmask, indices=masked_rows)
+        return logits
