@@ -18,7 +18,10 @@ class CpuBackend(Backend):
         return Capabilities(native_bitmask=True, torch_compile=True, triton=False, side_streams=False)
 
     def kernels(self) -> dict[str, str]:
-        return {"apply_token_bitmask": "numba (parallel over rows x 4096-token chunks, -1 words skipped)"}
+        return {
+            "apply_token_bitmask": "numba (one masked vector store per word, -1 words skipped; "
+            "parallel over rows x 4096-token chunks, serial up to 131k tokens)"
+        }
 
     def apply_token_bitmask(self, logits, bitmask, rows, vocab_size) -> None:
         apply_token_bitmask_cpu(logits, bitmask, rows, vocab_size)
