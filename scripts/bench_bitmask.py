@@ -1,12 +1,21 @@
 """Bitmask application on CPU: logitgate vs memcpy (the floor), xgrammar's CPU kernel, and a torch
-unpack + masked_fill — one process, medians of many runs. Also the first call in a fresh process
-(numba compile or cache load).
+unpack + masked_fill — one process, medians of many runs. Also the first call in a fresh process,
+once with an empty numba cache (compile) and once with the cache it filled (cache load).
 
-    python scripts/bench_bitmask.py [--quick] [--out FILE] [--plot FILE.png]
+The methods are timed in round robin (one run of each, repeated), so load from other processes on
+a shared machine hits all of them alike; `spread` is the interquartile range over the median of
+logitgate's and memcpy's runs, a measure of that noise.
+
+    python scripts/bench_bitmask.py [--quick] [--dtypes float32,bfloat16] [--out FILE] [--plot FILE.png]
 """
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
 
 import torch
 
@@ -29,26 +38,72 @@ print(t1 - t0, t2 - t1)
 """
 
 
-def bench_shape(rows: int, vocab: int, density: float, repeats: int) -> dict:
+def first_call_seconds() -> dict[str, float]:
+    """Import and first-call times of a fresh process: with an empty numba cache, then with the
+    cache that run filled."""
+    result = {}
+    with tempfile.TemporaryDirectory() as cache_dir:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
+        for kind in ("compile", "cached"):
+            out = subprocess.run([sys.executable, "-c", FIRST_CALL], capture_output=True, text=True, check=True, env=env)
+            import_s, call_s = map(float, out.stdout.split())
+            result[f"{kind}_import_s"] = import_s
+            result[f"{kind}_first_call_s"] = call_s
+    return result
+
+
+def numba_threads() -> int:
+    import numba
+
+    return numba.get_num_threads()
+
+
+def round_robin(fns: dict, repeats: dict[str, int]) -> dict[str, list[float]]:
+    """Seconds of each run of each fn (fns[name] runs repeats[name] times), one run of each in turn."""
+    for fn in fns.values():  # warm-up: caches, numba dispatch, page faults
+        fn()
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for i in range(max(repeats.values())):
+        for name, fn in fns.items():
+            if i < repeats[name]:
+                times[name].append(median_seconds(fn, repeats=1, warmup=0))
+    return times
+
+
+def spread(times: list[float]) -> float:
+    """Interquartile range over the median."""
+    q1, _, q3 = statistics.quantiles(times, n=4)
+    return (q3 - q1) / statistics.median(times)
+
+
+def bench_shape(rows: int, vocab: int, density: float, dtype: torch.dtype, repeats: int) -> dict:
     import xgrammar
 
     g = torch.Generator().manual_seed(0)
-    logits = torch.randn(rows, vocab, generator=g)
+    logits = torch.randn(rows, vocab, generator=g).to(dtype)
     source = logits.clone()
     bitmask = pack_bitmask(torch.rand(rows, vocab, generator=g) < density)
     cpu = logitgate.get_backend("cpu")
-    times = {
-        "memcpy": median_seconds(lambda: logits.copy_(source), repeats=repeats),
-        "logitgate": median_seconds(lambda: logitgate.apply_token_bitmask_inplace(logits, bitmask, backend=cpu), repeats=repeats),
-        "xgrammar_cpu": median_seconds(lambda: xgrammar.apply_token_bitmask_inplace(logits, bitmask), repeats=repeats),
-        "torch_masked_fill": median_seconds(
-            lambda: apply_token_bitmask_reference(logits, bitmask, None, vocab), repeats=max(3, repeats // 3)
-        ),
+    fns = {
+        "memcpy": lambda: logits.copy_(source),
+        "logitgate": lambda: logitgate.apply_token_bitmask_inplace(logits, bitmask, backend=cpu),
+        "xgrammar_cpu": lambda: xgrammar.apply_token_bitmask_inplace(logits, bitmask),
+        "torch_masked_fill": lambda: apply_token_bitmask_reference(logits, bitmask, None, vocab),
     }
-    row = {"shape": f"{rows}x{vocab}", "allowed": density, **{f"{k}_ms": v * 1e3 for k, v in times.items()}}
+    runs = round_robin(fns, {name: repeats if name != "torch_masked_fill" else max(3, repeats // 3) for name in fns})
+    times = {name: statistics.median(t) for name, t in runs.items()}
+    row = {
+        "shape": f"{rows}x{vocab}",
+        "dtype": str(dtype).removeprefix("torch."),
+        "allowed": density,
+        **{f"{k}_ms": v * 1e3 for k, v in times.items()},
+    }
     row["vs_memcpy"] = times["logitgate"] / times["memcpy"]
     row["speedup_vs_xgrammar"] = times["xgrammar_cpu"] / times["logitgate"]
     row["speedup_vs_torch"] = times["torch_masked_fill"] / times["logitgate"]
+    row["spread_logitgate"] = spread(runs["logitgate"])
+    row["spread_memcpy"] = spread(runs["memcpy"])
     return row
 
 
@@ -56,22 +111,33 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer repeats, skip the largest shape")
     parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--dtypes", default="float32", help="comma-separated logits dtypes (float32, float16, bfloat16)")
+    parser.add_argument(
+        "--threads", type=int, help="torch and numba threads (default: all cores); 1 gives steadier numbers on a loaded machine"
+    )
     parser.add_argument("--out")
     parser.add_argument("--plot")
     args = parser.parse_args(argv)
     repeats = 7 if args.quick else args.repeats
     shapes = SHAPES[:3] if args.quick else SHAPES
+    dtypes = [getattr(torch, name.strip()) for name in args.dtypes.split(",")]
+    if args.threads:
+        import numba
+
+        torch.set_num_threads(args.threads)
+        numba.set_num_threads(args.threads)
     result = {
         "benchmark": "bitmask_apply",
         "backend": "cpu",
         "torch_threads": torch.get_num_threads(),
-        "fresh_process": fresh_process_seconds(FIRST_CALL),
+        "numba_threads": numba_threads(),
+        "fresh_process": first_call_seconds(),
         "goal": "(64,128256): <= 1.5x memcpy, >= 5x faster than xgrammar_cpu; first call < 2 s",
-        "rows": [bench_shape(r, v, d, repeats) for r, v in shapes for d in DENSITIES],
+        "rows": [bench_shape(r, v, d, dt, repeats) for dt in dtypes for r, v in shapes for d in DENSITIES],
     }
     emit(result, args.out)
     if args.plot:
-        labels = [dict(row, label=f"{row['shape']} {row['allowed']:.0%}") for row in result["rows"]]
+        labels = [dict(row, label=f"{row['shape']} {row['dtype']} {row['allowed']:.0%}") for row in result["rows"]]
         plot_bars(labels, "label", ["memcpy_ms", "logitgate_ms", "xgrammar_cpu_ms"], "bitmask apply (CPU)", args.plot, "ms (median)")
     return result
 

@@ -24,7 +24,8 @@ class CpuBackend(Backend):
 
     def kernels(self) -> dict[str, str]:
         return {
-            "apply_token_bitmask": "numba (parallel over rows x 4096-token chunks, -1 words skipped)",
+            "apply_token_bitmask": "numba (one masked vector store per word, -1 words skipped; "
+            "parallel over rows x 4096-token chunks, serial up to 131k tokens)",
             "rejection_greedy_accept": "numba (per request, argmax only up to the first mismatch)",
             "rejection_random_accept": "numba (per request, one logsumexp per examined row, no softmax written)",
             "rejection_recover": "numba inverse CDF (rejected row only, one uniform per request)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 
 from ..backends import Backend, backend_for_tensor
@@ -91,7 +92,8 @@ def _rows_tensor(indices, limit: int, device: torch.device) -> torch.Tensor:
     for i in ids:
         if not 0 <= i < limit:
             raise ValueError(f"indices contains row {i}, outside [0, {limit})")
-    return torch.tensor(ids, dtype=torch.int64).to(device, non_blocking=True)
+    # Through numpy: torch.tensor(list) costs ~2.5 us, this ~1 us.
+    return torch.from_numpy(np.array(ids, dtype=np.int64)).to(device, non_blocking=True)
 
 
 def apply_token_bitmask_inplace(
@@ -108,41 +110,52 @@ def apply_token_bitmask_inplace(
     indices: rows to mask (of both tensors); None = all rows, then B == B'.
     vocab_size: tokens to consider; default min(V, 32 * W).
     """
+    # Called once per decode step: read shapes and strides once, and build the 2-D views only
+    # after every check passed (each torch attribute access costs ~0.1-1 us on CPU).
     if not isinstance(logits, torch.Tensor) or not isinstance(bitmask, torch.Tensor):
         raise ValueError("logits and bitmask must be torch tensors")
     if logits.dtype not in LOGITS_DTYPES:
         raise ValueError(f"logits dtype must be float32, float16 or bfloat16, got {logits.dtype}")
     if bitmask.dtype != torch.int32:
         raise ValueError(f"bitmask dtype must be int32, got {bitmask.dtype}")
-    if logits.dim() not in (1, 2) or bitmask.dim() not in (1, 2):
-        raise ValueError(f"logits and bitmask must be 1-D or 2-D, got shapes {tuple(logits.shape)} and {tuple(bitmask.shape)}")
+    logits_shape, bitmask_shape = logits.shape, bitmask.shape
+    logits_dim, bitmask_dim = len(logits_shape), len(bitmask_shape)
+    if logits_dim not in (1, 2) or bitmask_dim not in (1, 2):
+        raise ValueError(f"logits and bitmask must be 1-D or 2-D, got shapes {tuple(logits_shape)} and {tuple(bitmask_shape)}")
     if logits.device != bitmask.device:
         raise ValueError(f"logits are on {logits.device} but the bitmask is on {bitmask.device}; move the bitmask first")
-    logits2 = logits.unsqueeze(0) if logits.dim() == 1 else logits
-    bitmask2 = bitmask.unsqueeze(0) if bitmask.dim() == 1 else bitmask
-    if logits2.shape[-1] and logits2.stride(-1) != 1 or bitmask2.shape[-1] and bitmask2.stride(-1) != 1:
+    width, words = logits_shape[-1], bitmask_shape[-1]
+    if width and logits.stride()[-1] != 1 or words and bitmask.stride()[-1] != 1:
         raise ValueError("logits and bitmask must be contiguous in their last dimension")
-    covered = min(logits2.shape[-1], bitmask2.shape[-1] * 32)
+    covered = min(width, words * 32)
     if vocab_size is None:
-        if bitmask2.shape[-1] * 32 < logits2.shape[-1]:
+        if words * 32 < width:
             warnings.warn(
-                f"the bitmask covers only {bitmask2.shape[-1] * 32} tokens but logits have {logits2.shape[-1]}; "
+                f"the bitmask covers only {words * 32} tokens but logits have {width}; "
                 "the trailing logits are left unmasked (pass vocab_size or allocate the full vocabulary)",
                 stacklevel=2,
             )
         vocab_size = covered
     elif not 0 < vocab_size <= covered:
         raise ValueError(f"vocab_size {vocab_size} must be in (0, {covered}] (min of logits width and 32 * bitmask words)")
+    logits_rows = logits_shape[0] if logits_dim == 2 else 1
+    bitmask_rows = bitmask_shape[0] if bitmask_dim == 2 else 1
     if indices is None:
-        if logits2.shape[0] != bitmask2.shape[0]:
+        if logits_rows != bitmask_rows:
             raise ValueError(
-                f"logits have {logits2.shape[0]} rows but the bitmask has {bitmask2.shape[0]}; pass indices to mask a subset"
+                f"logits have {logits_rows} rows but the bitmask has {bitmask_rows}; pass indices to mask a subset"
             )
         rows = None
     else:
-        rows = _rows_tensor(indices, min(logits2.shape[0], bitmask2.shape[0]), logits.device)
+        rows = _rows_tensor(indices, min(logits_rows, bitmask_rows), logits.device)
         if rows.numel() == 0:
             return
-    if vocab_size == 0 or logits2.shape[0] == 0:
+    if vocab_size == 0 or logits_rows == 0:
         return
-    backend_for_tensor(logits, backend).apply_token_bitmask(logits2, bitmask2, rows, vocab_size)
+    chosen = backend_for_tensor(logits, backend)
+    chosen.apply_token_bitmask(
+        logits if logits_dim == 2 else logits.unsqueeze(0),
+        bitmask if bitmask_dim == 2 else bitmask.unsqueeze(0),
+        rows,
+        vocab_size,
+    )
