@@ -16,3 +16,30 @@ def test_readme_has_examples():
 def test_readme_block_runs(index, capsys):
     code = BLOCKS[index]
     exec(compile(code, f"README.md[python block {index}]", "exec"), {"__name__": "__readme__"})
+
+
+SHELL_LINES = [
+    line.split("#")[0].strip()
+    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
+    for line in block.splitlines()
+    if line.split("#")[0].strip()
+]
+
+
+@pytest.mark.parametrize("line", SHELL_LINES)
+def test_readme_shell_commands_exist(line):
+    """Shell blocks are not run here (make test would recurse; benchmarks take minutes), but every
+    make target they name exists and every script they run answers --help."""
+    import subprocess
+    import sys
+
+    root = README.parent
+    words = line.split()
+    if words[0] == "make":
+        targets = re.findall(r"(?m)^([a-z][a-z-]*):", (root / "Makefile").read_text())
+        assert words[1] in targets, f"README runs `make {words[1]}`, which the Makefile does not define"
+    else:
+        script = next(w for w in words if w.endswith(".py"))
+        assert (root / script).is_file(), f"README runs {script}, which does not exist"
+        out = subprocess.run([sys.executable, str(root / script), "--help"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
