@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 SCRIPTS_DIR = Path(__file__).resolve().parents[1] / "scripts"
-RATIO_PREFIXES = ("speedup_", "vs_")
-CASE_KEYS = ("case", "shape", "allowed", "mode", "batch", "vocab", "items", "k", "drafts")
+# Ratio keys: speedup_vs_x, dense_speedup_vs_x (faster is > 1), vs_x (time / baseline time), *_ratio.
+RATIO_KEY = re.compile(r"(^|_)speedup(_|$)|^vs_|_ratio$")
+CASE_KEYS = ("case", "op", "shape", "allowed", "mode", "batch", "vocab", "items", "k", "drafts")
 
 
 def discover(only: list[str] | None = None) -> list[Path]:
@@ -34,11 +36,11 @@ def discover(only: list[str] | None = None) -> list[Path]:
 def ratios(result: dict) -> list[tuple[str, str, float]]:
     """(case, metric, value) for every ratio in a benchmark's JSON rows."""
     found = []
-    for row in result.get("rows", []):
+    for row in result.get("rows") or result.get("results") or []:
         labels = [f"{k}={row[k]}" for k in CASE_KEYS if k in row]
         case = " ".join(labels) or " ".join(str(v) for v in row.values() if isinstance(v, str))
         for key, value in row.items():
-            if isinstance(value, (int, float)) and (key.startswith(RATIO_PREFIXES) or key.endswith("_ratio")):
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and RATIO_KEY.search(key):
                 found.append((case, key, float(value)))
     return found
 
@@ -79,12 +81,12 @@ def run(out: str, only: list[str] | None = None, quick: bool = False, device: st
 
 
 def format_table(summary: dict) -> str:
-    lines = [f"{'benchmark':<12} {'case':<34} {'metric':<28} {'value':>8}", "-" * 85]
+    lines = [f"{'benchmark':<12} {'case':<44} {'metric':<28} {'value':>8}", "-" * 95]
     for name, entry in summary.items():
         if "error" in entry:
             lines.append(f"{name:<12} FAILED: {entry['error']}")
             continue
         for case, metric, value in entry["ratios"]:
-            lines.append(f"{name:<12} {case[:34]:<34} {metric[:28]:<28} {value:>8.2f}")
-    lines.append("ratios: speedup_* > 1 means logitgate is faster than that baseline; vs_* is logitgate time / baseline time")
+            lines.append(f"{name:<12} {case[:44]:<44} {metric[:28]:<28} {value:>8.2f}")
+    lines.append("ratios: *speedup* > 1 means logitgate is faster than that baseline; vs_* is logitgate time / baseline time")
     return "\n".join(lines)

@@ -13,6 +13,14 @@ def test_ratios_are_extracted_with_their_case():
     ]
 
 
+def test_ratio_keys_and_row_lists():
+    result = {"results": [{"op": "top_k", "vocab": 32000, "dense_speedup_vs_rtp": 3.0, "time_ms": 1.0, "x_ratio": 0.5}]}
+    assert bench_cli.ratios(result) == [
+        ("op=top_k vocab=32000", "dense_speedup_vs_rtp", 3.0),
+        ("op=top_k vocab=32000", "x_ratio", 0.5),
+    ]
+
+
 def test_unknown_benchmark_is_named():
     with pytest.raises(ValueError, match="unknown benchmark.*nope"):
         bench_cli.discover(["nope"])
