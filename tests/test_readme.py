@@ -29,7 +29,7 @@ SHELL_LINES = [
 @pytest.mark.parametrize("line", SHELL_LINES)
 def test_readme_shell_commands_exist(line):
     """Shell blocks are not run here (make test would recurse; benchmarks take minutes), but every
-    make target they name exists and every script they run answers --help."""
+    make target they name exists, and every script or `logitgate` command they run answers --help."""
     import subprocess
     import sys
 
@@ -38,6 +38,9 @@ def test_readme_shell_commands_exist(line):
     if words[0] == "make":
         targets = re.findall(r"(?m)^([a-z][a-z-]*):", (root / "Makefile").read_text())
         assert words[1] in targets, f"README runs `make {words[1]}`, which the Makefile does not define"
+    elif words[1:3] == ["-m", "logitgate"]:
+        out = subprocess.run([sys.executable, "-m", "logitgate", words[3], "--help"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
     else:
         script = next(w for w in words if w.endswith(".py"))
         assert (root / script).is_file(), f"README runs {script}, which does not exist"
