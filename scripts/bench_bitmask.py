@@ -3,8 +3,9 @@ unpack + masked_fill — one process, medians of many runs. Also the first call 
 once with an empty numba cache (compile) and once with the cache it filled (cache load).
 
 The methods are timed in round robin (one run of each, repeated), so load from other processes on
-a shared machine hits all of them alike; `spread` is the interquartile range over the median of
-logitgate's and memcpy's runs, a measure of that noise.
+a shared machine hits all of them alike; each timed run follows an untimed run of the same method,
+so caches are as warm as in back-to-back runs. `spread` is the interquartile range over the median
+of logitgate's and memcpy's runs, a measure of that noise.
 
     python scripts/bench_bitmask.py [--quick] [--dtypes float32,bfloat16] [--out FILE] [--plot FILE.png]
 """
@@ -59,15 +60,14 @@ def numba_threads() -> int:
 
 
 def round_robin(fns: dict, repeats: dict[str, int]) -> dict[str, list[float]]:
-    """Seconds of each run of each fn (fns[name] runs repeats[name] times), one run of each in turn."""
-    for fn in fns.values():  # warm-up: caches, numba dispatch, page faults
-        fn()
-        fn()
+    """Seconds of each timed run of each fn (fns[name] is timed repeats[name] times), one method
+    after the other; every timed run comes right after an untimed warm-up run of the same fn (the
+    other methods' runs in between would leave its data out of cache)."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     for i in range(max(repeats.values())):
         for name, fn in fns.items():
             if i < repeats[name]:
-                times[name].append(median_seconds(fn, repeats=1, warmup=0))
+                times[name].append(median_seconds(fn, repeats=1, warmup=1))
     return times
 
 

