@@ -23,7 +23,7 @@ import torch
 
 from .constraints import GrammarConstraint, TreeConstraint, fill_constraint_rows
 from .sampling.ops import random_sample
-from .sampling.params import SamplingParams
+from .sampling.params import SAMPLING_EPS, SamplingParams
 from .sampling.rejection import parse_output, rejection_sample
 from .sampling.sampler import Sampler, SamplingMetadata, make_generator
 from .sampling.spec_constraint import constrain_spec_logits
@@ -244,6 +244,8 @@ def _propose(draft_model, active, stats, k, ngram, jump_forward, pad, device, vo
     num_forced = [len(d) for d in drafts]
     if ngram is not None:
         for q, d, budget in zip(active, drafts, budgets):
+            if d and d[-1] in q.stops:
+                continue  # nothing follows a stop token
             extra = _ngram_drafts(q.tokens + d, ngram, min(k, budget - len(d)))
             if q.constraint is not None:
                 extra = extra[: q.constraint.valid_prefix(d + extra) - len(d)] if extra else extra
@@ -253,7 +255,10 @@ def _propose(draft_model, active, stats, k, ngram, jump_forward, pad, device, vo
         return drafts, num_forced, None
     probs: list[list[torch.Tensor]] = [[_one_hot(t, vocab, device) for t in d] for d in drafts]
     for _ in range(k):
-        rows = [i for i, (d, b) in enumerate(zip(drafts, budgets)) if len(d) < b and len(d) < num_forced[i] + k]
+        rows = [
+            i for i, (d, b) in enumerate(zip(drafts, budgets))
+            if len(d) < b and len(d) < num_forced[i] + k and not (d and d[-1] in active[i].stops)  # nothing follows a stop
+        ]
         if not rows:
             break
         with _Timer(stats, "draft_model"):
@@ -268,7 +273,7 @@ def _propose(draft_model, active, stats, k, ngram, jump_forward, pad, device, vo
                 apply_token_bitmask_inplace(last, masks[ends.to(device)])
         with _Timer(stats, "sampling"):
             temps = torch.tensor([max(active[i].params.temperature, 0.0) for i in rows], device=device)
-            greedy = temps == 0
+            greedy = temps < SAMPLING_EPS
             q = torch.softmax(last / torch.where(greedy, 1.0, temps).unsqueeze(1), dim=-1)
             gens = {j: active[i].generator for j, i in enumerate(rows) if active[i].generator is not None and not greedy[j]}
             sampled = random_sample(q.clone(), gens) if not bool(greedy.all()) else last.argmax(-1)
