@@ -13,7 +13,9 @@ Speed notes (measured with scripts/bench_bitmask.py):
   scalar arguments dispatch in ~1 us where numpy views of the tensors cost ~3 us, pointer indexing
   has none of numba's negative-index wraparound (which also blocks vectorization), and there is one
   compiled specialization per element width whatever the tensors' layout.
-- Words of 0 (nothing allowed) take plain vector stores: ~25% faster than masked stores at 1% allowed.
+- Runs of 0 words (nothing allowed) are filled by one variable-length loop, which LLVM vectorizes
+  into plain stores: up to 1.5x faster than masked stores at 1% allowed. (A fixed 32-token fill per
+  word is unrolled into 32 scalar stores instead: 2x slower while the logits sit in cache.)
 - Small batches run a serial kernel: there the parallel launch costs more than it saves.
 """
 from __future__ import annotations
@@ -55,18 +57,26 @@ def _mask_words(bits, masks, bits_off, mask_off, w_start, w_end, vocab_size, neg
     """Mask the tokens of bitmask words [w_start, w_end) of one row, whose first token is
     bits[bits_off] and first word masks[mask_off]."""
     full_words = vocab_size // 32
-    for w in range(w_start, min(w_end, full_words)):
+    w_stop = min(w_end, full_words)
+    w = w_start
+    while w < w_stop:
         word = masks[mask_off + w]
         if word == -1:  # all 32 tokens allowed: the common case for loose grammars
+            w += 1
+            continue
+        if word == 0:  # nothing allowed, the common case for tight grammars: fill the whole run of 0 words
+            run_end = w + 1
+            while run_end < w_stop and masks[mask_off + run_end] == 0:
+                run_end += 1
+            for t in range(bits_off + w * 32, bits_off + run_end * 32):
+                bits[t] = neg_inf
+            w = run_end
             continue
         base = bits_off + w * 32
-        if word == 0:  # none allowed, the common case for tight grammars: plain stores beat masked ones
-            for j in range(32):
-                bits[base + j] = neg_inf
-            continue
         for j in range(32):
             keep = np.int32(0) - ((word >> np.int32(j)) & np.int32(1))  # -1 where token j is allowed
             bits[base + j] = (bits[base + j] & keep) | (neg_inf & ~keep)
+        w += 1
     if w_start <= full_words < w_end and full_words * 32 < vocab_size:  # the partial last word
         word = masks[mask_off + full_words]
         base = bits_off + full_words * 32
