@@ -3,19 +3,18 @@
 Kernels work on integer views of the logits and write the -inf bit pattern of the logits' dtype,
 so one kernel body serves float32 (int32 view) and float16/bfloat16 (int16 view) alike.
 
-Speed notes (measured with scripts/bench_bitmask.py):
-- The 32 tokens of a word are masked with `(x & keep) | (neg_inf & ~keep)` in 32-bit integers with
-  32-bit shift counts. LLVM turns that into one masked vector store of -inf per word (AVX-512: the
-  word itself is the store mask), without even loading the logits. A per-token `if`, or
-  `x if bit else neg_inf`, or int64 shift counts keep the loop scalar and branchy: 5-70x slower,
-  worst for 16-bit dtypes at 50% allowed (a mispredicted branch per token).
+Speed notes (measured with scripts/bench_bitmask.py; 2-core AVX-512 host):
+- Each 32-token word is masked with explicit LLVM vector code (the intrinsics below): a word of 0
+  is one splat store of -inf, any other word one vector load, select and store, the word itself
+  bitcast to the <32 x i1> select mask; words of -1 are skipped. Written as numba loops instead
+  (`if` per token, `x if bit else neg_inf`, int64 shift counts) the loop stays scalar and branchy:
+  5-70x slower, worst for 16-bit dtypes at 50% allowed (a mispredicted branch per token). The
+  branch-free `(x & keep) | (neg_inf & ~keep)` loop does vectorize, into masked stores, but those
+  are up to 2.5x slower while the logits sit in cache, and a 32-token fill loop is unrolled into
+  scalar stores (2x slower at 1% allowed).
 - Tensors reach the kernels as data_ptr() integers and row strides, indexed through typed pointers:
-  scalar arguments dispatch in ~1 us where numpy views of the tensors cost ~3 us, pointer indexing
-  has none of numba's negative-index wraparound (which also blocks vectorization), and there is one
+  scalar arguments dispatch in ~1 us where numpy views of the tensors cost ~3 us, and there is one
   compiled specialization per element width whatever the tensors' layout.
-- Runs of 0 words (nothing allowed) are filled by one variable-length loop, which LLVM vectorizes
-  into plain stores: up to 1.5x faster than masked stores at 1% allowed. (A fixed 32-token fill per
-  word is unrolled into 32 scalar stores instead: 2x slower while the logits sit in cache.)
 - Small batches run a serial kernel: there the parallel launch costs more than it saves.
 """
 from __future__ import annotations
@@ -23,6 +22,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 import torch
+from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
@@ -52,31 +52,61 @@ def _pointer(typingctx, address, like):  # pragma: no cover - typing/codegen run
     return pointer(address, like), codegen
 
 
+def _word_vector(context, builder, pointer_type, pointer, index):
+    """(address of pointer[index : index + 32] as a <32 x T> vector, T's alignment)."""
+    element = context.get_value_type(pointer_type.dtype)
+    address = builder.gep(pointer, [index])
+    return builder.bitcast(address, ir.VectorType(element, 32).as_pointer()), context.get_abi_sizeof(element)
+
+
+def _splat32(builder, value):
+    """A <32 x T> vector with every lane `value`."""
+    vector_type = ir.VectorType(value.type, 32)
+    lane0 = builder.insert_element(ir.Constant(vector_type, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
+    zeros = ir.Constant(ir.VectorType(ir.IntType(32), 32), [0] * 32)
+    return builder.shuffle_vector(lane0, ir.Constant(vector_type, ir.Undefined), zeros)
+
+
+@intrinsic
+def _fill_word(typingctx, pointer, index, value):  # pragma: no cover - typing/codegen run inside numba
+    """pointer[index : index + 32] = value, as one vector store."""
+
+    def codegen(context, builder, signature, args):
+        address, align = _word_vector(context, builder, pointer, args[0], args[1])
+        builder.store(_splat32(builder, args[2]), address, align=align)
+        return context.get_dummy_value()
+
+    return types.none(pointer, index, pointer.dtype), codegen
+
+
+@intrinsic
+def _mask_word(typingctx, pointer, index, word, value):  # pragma: no cover - typing/codegen run inside numba
+    """pointer[index + j] = value for every bit j of the int32 `word` that is 0: one vector load,
+    select (the word bitcast to the <32 x i1> mask: bit j is lane j) and store."""
+
+    def codegen(context, builder, signature, args):
+        address, align = _word_vector(context, builder, pointer, args[0], args[1])
+        keep = builder.bitcast(args[2], ir.VectorType(ir.IntType(1), 32))
+        logits = builder.load(address, align=align)
+        builder.store(builder.select(keep, logits, _splat32(builder, args[3])), address, align=align)
+        return context.get_dummy_value()
+
+    return types.none(pointer, index, types.int32, pointer.dtype), codegen
+
+
 @numba.njit(cache=True, nogil=True)
 def _mask_words(bits, masks, bits_off, mask_off, w_start, w_end, vocab_size, neg_inf):  # pragma: no cover - jitted
     """Mask the tokens of bitmask words [w_start, w_end) of one row, whose first token is
     bits[bits_off] and first word masks[mask_off]."""
     full_words = vocab_size // 32
-    w_stop = min(w_end, full_words)
-    w = w_start
-    while w < w_stop:
+    for w in range(w_start, min(w_end, full_words)):
         word = masks[mask_off + w]
         if word == -1:  # all 32 tokens allowed: the common case for loose grammars
-            w += 1
             continue
-        if word == 0:  # nothing allowed, the common case for tight grammars: fill the whole run of 0 words
-            run_end = w + 1
-            while run_end < w_stop and masks[mask_off + run_end] == 0:
-                run_end += 1
-            for t in range(bits_off + w * 32, bits_off + run_end * 32):
-                bits[t] = neg_inf
-            w = run_end
-            continue
-        base = bits_off + w * 32
-        for j in range(32):
-            keep = np.int32(0) - ((word >> np.int32(j)) & np.int32(1))  # -1 where token j is allowed
-            bits[base + j] = (bits[base + j] & keep) | (neg_inf & ~keep)
-        w += 1
+        if word == 0:  # none allowed, the common case for tight grammars: no need to load the logits
+            _fill_word(bits, bits_off + w * 32, neg_inf)
+        else:
+            _mask_word(bits, bits_off + w * 32, word, neg_inf)
     if w_start <= full_words < w_end and full_words * 32 < vocab_size:  # the partial last word
         word = masks[mask_off + full_words]
         base = bits_off + full_words * 32
