@@ -161,3 +161,26 @@ def test_allocate_fill_reset():
         logitgate.fill_bitmask_row(bitmask, 0, [70], 70)
     logitgate.reset_token_bitmask(bitmask)
     assert (bitmask == -1).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("density", [0.0, 0.01, 0.5, 1.0])
+@pytest.mark.parametrize("use_indices", [False, True])
+def test_cpu_parallel_kernel_matches_reference(dtype, density, use_indices):
+    """Batches above the serial cutoff take the parallel numba kernel; smaller ones the serial one.
+    Padded rows (logits wider than the vocabulary, a strided view) and row indices on both."""
+    from logitgate.backends.cpu_kernels import _SERIAL_MAX_WORDS
+
+    rows, vocab = 6, 32000 + 17
+    assert rows * ((vocab + 31) // 32) > _SERIAL_MAX_WORDS  # this test must reach the parallel kernel
+    g = torch.Generator().manual_seed(11)
+    wide = torch.randn(rows, vocab + 40, generator=g).to(dtype)
+    bitmask = pack_bitmask(torch.rand(rows, vocab, generator=g) < density)
+    bitmask[:, 5] = 0
+    bitmask[:, 7] = -1
+    indices = [0, 3, 5] if use_indices else None
+    expected = wide.clone()
+    apply_token_bitmask_reference(expected, bitmask, None if indices is None else torch.tensor(indices), vocab)
+    got = wide.clone()
+    logitgate.apply_token_bitmask_inplace(got[:, :vocab], bitmask, indices=indices, vocab_size=vocab, backend="cpu")
+    assert torch.equal(got, expected)
