@@ -14,6 +14,7 @@ each step (no KV cache: simple, and exact for causal models); a model may cache 
 """
 from __future__ import annotations
 
+import itertools
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -269,15 +270,17 @@ def _propose(draft_model, active, stats, k, ngram, jump_forward, pad, device, vo
             constraints = [active[i].constraint for i in rows]
             if any(c is not None for c in constraints):
                 masks, _ = fill_constraint_rows(constraints, [drafts[i] for i in rows], vocab, device)
-                ends = torch.tensor([sum(1 + len(drafts[i]) for i in rows[: j + 1]) - 1 for j in range(len(rows))])
+                # Each row's last mask row (its state after its drafts so far): a running total.
+                ends = torch.tensor(list(itertools.accumulate(1 + len(drafts[i]) for i in rows))) - 1
                 apply_token_bitmask_inplace(last, masks[ends.to(device)])
         with _Timer(stats, "sampling"):
             temps = torch.tensor([max(active[i].params.temperature, 0.0) for i in rows], device=device)
             greedy = temps < SAMPLING_EPS
             q = torch.softmax(last / torch.where(greedy, 1.0, temps).unsqueeze(1), dim=-1)
             gens = {j: active[i].generator for j, i in enumerate(rows) if active[i].generator is not None and not greedy[j]}
-            sampled = random_sample(q.clone(), gens) if not bool(greedy.all()) else last.argmax(-1)
-            tokens = torch.where(greedy, last.argmax(-1), sampled).tolist()
+            argmax = last.argmax(-1)
+            sampled = argmax if bool(greedy.all()) else torch.where(greedy, argmax, random_sample(q.clone(), gens))
+            tokens = sampled.tolist()
         for j, i in enumerate(rows):
             drafts[i].append(tokens[j])
             probs[i].append(_one_hot(tokens[j], vocab, device) if greedy[j] else q[j])
