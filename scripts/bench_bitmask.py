@@ -22,7 +22,7 @@ import torch
 
 import logitgate
 from logitgate.backends.reference import apply_token_bitmask_reference, pack_bitmask
-from logitgate.benchmarking import emit, fresh_process_seconds, median_seconds, plot_bars
+from logitgate.cli.bench_harness import emit, fresh_process_seconds, median_seconds, plot_bars
 
 SHAPES = [(1, 32000), (8, 128256), (64, 128256), (256, 151936)]
 DENSITIES = [0.5, 0.01]

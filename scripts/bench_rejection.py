@@ -18,7 +18,7 @@ import sys
 import torch
 
 from logitgate.backends import get_backend
-from logitgate.benchmarking import emit, median_seconds, plot_bars
+from logitgate.cli.bench_harness import emit, median_seconds, plot_bars
 from logitgate.sampling.rejection import rejection_sample
 
 BATCH, SPEC, VOCAB = 64, 4, 128256

@@ -17,7 +17,7 @@ import numba
 import torch
 
 from logitgate.backends.reference import apply_top_k_top_p_reference
-from logitgate.benchmarking import emit, fresh_process_seconds, median_seconds, plot_bars
+from logitgate.cli.bench_harness import emit, fresh_process_seconds, median_seconds, plot_bars
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, ops
 
 SHAPES = [(1, 128256), (8, 128256), (64, 128256), (256, 151936)]

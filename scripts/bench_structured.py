@@ -23,7 +23,7 @@ import torch
 import xgrammar as xgr
 
 import logitgate
-from logitgate.benchmarking import emit, median_seconds, plot_bars
+from logitgate.cli.bench_harness import emit, median_seconds, plot_bars
 from logitgate.structured import StructuredOutputManager, StructuredOutputsParams
 
 SCHEMA = {

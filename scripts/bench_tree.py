@@ -27,7 +27,7 @@ import torch
 
 import logitgate
 from logitgate import TreeDFA
-from logitgate.benchmarking import emit, median_seconds, plot_bars
+from logitgate.cli.bench_harness import emit, median_seconds, plot_bars
 
 START, END = 1, 2
 CODEBOOK, BASE = 256, 1000  # item token j of an item comes from codebook j: BASE + j*CODEBOOK + code

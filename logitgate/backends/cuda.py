@@ -7,7 +7,7 @@ import torch
 
 from .base import Backend, Capabilities
 from .reference import apply_token_bitmask_reference
-from .triton_rejection import TritonRejectionMixin
+from .triton.rejection_launch import TritonRejectionMixin
 
 CUDA_BITMASK_BLOCK = 4096
 CUDA_REJECTION_BLOCK = 4096  # vocabulary tile of the per-request rejection kernels

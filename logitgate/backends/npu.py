@@ -16,10 +16,10 @@ import logging
 import torch
 
 from .base import Backend, Capabilities
-from .cpu_kernels import apply_token_bitmask_cpu
+from .cpu.bitmask_kernels import apply_token_bitmask_cpu
 from .reference import apply_token_bitmask_reference
 from .triton.launch import ascend_grid_and_block, ascend_vocab_tile
-from .triton_rejection import TritonRejectionMixin
+from .triton.rejection_launch import TritonRejectionMixin
 from .torch_kernels import apply_top_k_top_p_torch
 from .triton.launch import ascend_vocab_tile
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..generate import GenerationStats, Request, generate
+from ..decode.generate import GenerationStats, Request, generate
 from ..sampling.params import SamplingParams
 from ..structured.params import StructuredOutputsParams
 from ..structured.manager import StructuredOutputManager

@@ -169,7 +169,7 @@ def test_allocate_fill_reset():
 def test_cpu_parallel_kernel_matches_reference(dtype, density, use_indices):
     """Batches above the serial cutoff take the parallel numba kernel; smaller ones the serial one.
     Padded rows (logits wider than the vocabulary, a strided view) and row indices on both."""
-    from logitgate.backends.cpu_kernels import _SERIAL_MAX_WORDS
+    from logitgate.backends.cpu.bitmask_kernels import _SERIAL_MAX_WORDS
 
     rows, vocab = 6, 32000 + 17
     assert rows * ((vocab + 31) // 32) > _SERIAL_MAX_WORDS  # this test must reach the parallel kernel

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from logitgate.backends import reference as R
-from logitgate.backends.cpu_rejection import exp_nonpositive
+from logitgate.backends.cpu.rejection_kernels import exp_nonpositive
 from logitgate.backends.triton.launch import ascend_grid_and_block
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

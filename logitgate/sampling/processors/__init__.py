@@ -4,7 +4,8 @@
 from .builtin import LogitBias, MinP, MinTokens, builtin_logits_processors
 from .interface import AddedRequest, BatchUpdate, LogitsProcessor, MoveDirectionality, MovedRequest, RemovedRequest
 from .multiseq import MultiSeq
-from .state import BatchUpdateBuilder, LogitsProcessors, SpecDecodeLayout, process_dict_updates
+from .spec_layout import SpecDecodeLayout
+from .state import BatchUpdateBuilder, LogitsProcessors, process_dict_updates
 from .thinkmode import ThinkMode
 from .tree import Tree, TreeRequest, tree_request
 

@@ -9,7 +9,8 @@ import torch
 from .. import ops
 from ..params import SamplingParams
 from .interface import BatchUpdate, LogitsProcessor
-from .state import SpecDecodeLayout, TokenMaskProcessor, process_dict_updates, validate_added
+from .spec_layout import SpecDecodeLayout
+from .state import TokenMaskProcessor, process_dict_updates, validate_added
 
 __all__ = ["LogitBias", "MinP", "MinTokens", "builtin_logits_processors"]
 

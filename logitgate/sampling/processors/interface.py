@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .spec_layout import SpecDecodeLayout
+
 if TYPE_CHECKING:
     from ..params import SamplingParams
 
@@ -80,8 +82,6 @@ class LogitsProcessor(ABC):
         it processes every position of a request as that request's current row. Processors with
         per-token state override it.
         """
-        from .state import SpecDecodeLayout
-
         layout = SpecDecodeLayout(num_draft_tokens, logits.shape[0], draft_token_ids)
         for position in range(layout.max_positions):
             rows, present = layout.rows_at_position(position)

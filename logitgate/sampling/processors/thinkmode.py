@@ -16,7 +16,8 @@ import torch
 from ...structured.reasoning import EndMarker
 from ..params import SamplingParams
 from .interface import BatchUpdate
-from .state import SpecDecodeLayout, TokenMaskProcessor, process_dict_updates, validate_added
+from .spec_layout import SpecDecodeLayout
+from .state import TokenMaskProcessor, process_dict_updates, validate_added
 
 __all__ = ["ThinkMode"]
 

@@ -22,13 +22,14 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ...constraints import TreeConstraint
+from ...structured.constraint_state import TreeConstraint
 from ...backends.reference import num_bitmask_words
 from ...structured.bitmask import apply_token_bitmask_inplace
 from ...structured.tree import TreeDFA
 from ...structured.tree_loaders import check_token_id, check_vocab_size
 from .interface import BatchUpdate, LogitsProcessor
-from .state import SpecDecodeLayout, process_dict_updates, validate_added
+from .spec_layout import SpecDecodeLayout
+from .state import process_dict_updates, validate_added
 
 __all__ = ["TREE_ARG_KEYS", "Tree", "TreeRequest", "tree_request"]
 

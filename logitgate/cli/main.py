@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from .tree_cli import register as register_tree_commands
+from .tree import register as register_tree_commands
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -18,7 +18,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
-    from .demo_format import format_report
+    from .demo_report import format_report
 
     data = run_demo(
         device=args.device, tree=args.tree, model=args.model, draft_model=args.draft_model,
@@ -29,7 +29,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench_cli import format_table, run
+    from .bench import format_table, run
 
     summary = run(args.out, args.only, quick=args.quick, device=args.device)
     print(format_table(summary))

@@ -6,7 +6,7 @@ import torch
 from scipy import stats as scistats
 
 from logitgate import TreeDFA
-from logitgate.generate import Request, generate
+from logitgate.decode import Request, generate
 from logitgate.sampling.params import SamplingParams
 
 V, EOS, ROOT = 12, 10, 11

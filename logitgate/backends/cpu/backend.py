@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu_rejection
-from .base import NOISE_UNIFORM, Backend, Capabilities, SamplingNoise
-from .cpu_kernels import apply_token_bitmask_cpu
-from .cpu_sampling_kernels import apply_top_k_cpu, apply_top_p_cpu, inverse_cdf_sample_cpu
-from .reference import draw_uniforms
+from . import rejection_kernels
+from ..base import NOISE_UNIFORM, Backend, Capabilities, SamplingNoise
+from .bitmask_kernels import apply_token_bitmask_cpu
+from .sampling_kernels import apply_top_k_cpu, apply_top_p_cpu, inverse_cdf_sample_cpu
+from ..reference import draw_uniforms
 
 
 class CpuBackend(Backend):
@@ -37,19 +37,19 @@ class CpuBackend(Backend):
         apply_token_bitmask_cpu(logits, bitmask, rows, vocab_size)
 
     def rejection_greedy_accept(self, cu_num_draft_tokens, draft_token_ids, target_logits, active):
-        return cpu_rejection.greedy_accept_cpu(cu_num_draft_tokens, draft_token_ids, target_logits, active)
+        return rejection_kernels.greedy_accept_cpu(cu_num_draft_tokens, draft_token_ids, target_logits, active)
 
     def rejection_random_accept(
         self, cu_num_draft_tokens, draft_token_ids, target_logits, temperature, draft_probs, uniform, active
     ):
-        return cpu_rejection.random_accept_cpu(
+        return rejection_kernels.random_accept_cpu(
             cu_num_draft_tokens, draft_token_ids, target_logits, temperature, draft_probs, uniform, active
         )
 
     def rejection_recover(
         self, cu_num_draft_tokens, draft_token_ids, target_logits, temperature, draft_probs, accepted, row_lse, noise, active
     ):
-        return cpu_rejection.recover_cpu(
+        return rejection_kernels.recover_cpu(
             cu_num_draft_tokens, draft_token_ids, target_logits, temperature, draft_probs, accepted, row_lse, noise, active
         )
     # Exponential noise over the whole vocabulary costs more than the rest of a CPU sampling step;

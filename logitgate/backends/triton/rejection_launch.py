@@ -34,7 +34,7 @@ class TritonRejectionMixin:
     def rejection_greedy_accept(self, cu_num_draft_tokens, draft_token_ids, target_logits, active):
         if not self._rejection_uses_triton():
             return super().rejection_greedy_accept(cu_num_draft_tokens, draft_token_ids, target_logits, active)
-        from .triton.rejection import greedy_accept_triton
+        from .rejection import greedy_accept_triton
 
         launch = self._rejection_launch(cu_num_draft_tokens.numel(), GREEDY_BYTES_PER_TOKEN)
         return greedy_accept_triton(cu_num_draft_tokens, draft_token_ids, target_logits, active, **launch)
@@ -46,7 +46,7 @@ class TritonRejectionMixin:
             return super().rejection_random_accept(
                 cu_num_draft_tokens, draft_token_ids, target_logits, temperature, draft_probs, uniform, active
             )
-        from .triton.rejection import random_accept_triton
+        from .rejection import random_accept_triton
 
         launch = self._rejection_launch(cu_num_draft_tokens.numel(), ACCEPT_BYTES_PER_TOKEN)
         return random_accept_triton(
@@ -60,7 +60,7 @@ class TritonRejectionMixin:
             return super().rejection_recover(
                 cu_num_draft_tokens, draft_token_ids, target_logits, temperature, draft_probs, accepted, row_lse, noise, active
             )
-        from .triton.rejection import recover_triton
+        from .rejection import recover_triton
 
         launch = self._rejection_launch(cu_num_draft_tokens.numel(), RECOVER_BYTES_PER_TOKEN)
         return recover_triton(

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from logitgate import bench_cli
+from logitgate.cli import bench as bench_cli
 
 
 def test_ratios_are_extracted_with_their_case():

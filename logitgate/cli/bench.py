@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-SCRIPTS_DIR = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPTS_DIR = Path(__file__).resolve().parents[2] / "scripts"
 # Ratio keys: speedup_vs_x, dense_speedup_vs_x (faster is > 1), vs_x (time / baseline time), *_ratio.
 RATIO_KEY = re.compile(r"(^|_)speedup(_|$)|^vs_|_ratio$")
 CASE_KEYS = ("case", "op", "shape", "allowed", "mode", "batch", "vocab", "items", "k", "drafts")

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from ..sampling.processors.interface import BatchUpdate, MoveDirectionality
-from ..sampling.processors.interface import LogitsProcessor as _LogitgateLogitsProcessor
-from ..sampling.processors.tree import Tree, tree_request
+from ...sampling.processors.interface import BatchUpdate, MoveDirectionality
+from ...sampling.processors.interface import LogitsProcessor as _LogitgateLogitsProcessor
+from ...sampling.processors.tree import Tree, tree_request
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ def inspect_file(
 ) -> dict[str, Any]:
     """{"file", "format", "trees": [{"name", "errors", "stats"}]}; raises ValueError when the file
     cannot be read or its format needs an option that is missing."""
-    from .structured.tree_loaders import check_vocab_size, load_json, prefix_dict_problems
+    from ..structured.tree_loaders import check_vocab_size, load_json, prefix_dict_problems
 
     check_vocab_size(vocab_size)
     obj, _ = load_json(file, "tree file")
@@ -57,7 +57,7 @@ def inspect_file(
 
 
 def _inspect_payload(obj: dict, end_token_id: int, vocab_size: int | None, path: str | None) -> list[dict]:
-    from .structured.tree_loaders import parse_token_trie
+    from ..structured.tree_loaders import parse_token_trie
 
     descriptors = obj.get("descriptors")
     if path is None and isinstance(descriptors, list) and len(descriptors) > 1:  # inspect each one
@@ -79,7 +79,7 @@ def _inspect_payload(obj: dict, end_token_id: int, vocab_size: int | None, path:
 def _inspect_sequences(
     name: str, sequences: list, names: list[str] | None, end_token_id: int, vocab_size: int | None
 ) -> dict:
-    from .structured.tree_loaders import check_token_id, sequence_problems
+    from ..structured.tree_loaders import check_token_id, sequence_problems
 
     try:
         check_token_id(end_token_id, "end_token_id", vocab_size)
@@ -92,7 +92,7 @@ def _inspect_sequences(
 
 
 def _inspect_one(name: str, errors: list[str], build) -> dict:
-    from .structured.tree import TreeDFA
+    from ..structured.tree import TreeDFA
 
     return {"name": name, "errors": errors, "stats": None if errors else build(TreeDFA).stats()}
 

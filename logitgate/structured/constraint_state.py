@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import torch
 
-from .structured.bitmask import allocate_token_bitmask
-from .structured.manager import StructuredOutputManager
-from .structured.tree import TreeDFA
+from .bitmask import allocate_token_bitmask
+from .manager import StructuredOutputManager
+from .tree import TreeDFA
 
 
 class TreeConstraint:

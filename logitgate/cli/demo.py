@@ -26,14 +26,14 @@ from typing import Any
 
 import torch
 
-from .backends import ENV_VAR, get_backend
-from .generate import GenerationResult, Request, generate
-from .models import demo_prompt, demo_tokenizer, load_catalog, load_demo_models, load_tree_config
-from .sampling.params import SamplingParams
-from .structured.manager import StructuredOutputManager
-from .structured.params import StructuredOutputsParams
-from .structured.tree import TreeDFA
-from .structured.tree_loaders import load_json, parse_prefix_dict
+from ..backends import ENV_VAR, get_backend
+from ..decode.generate import GenerationResult, Request, generate
+from ..models import demo_prompt, demo_tokenizer, load_catalog, load_demo_models, load_tree_config
+from ..sampling.params import SamplingParams
+from ..structured.manager import StructuredOutputManager
+from ..structured.params import StructuredOutputsParams
+from ..structured.tree import TreeDFA
+from ..structured.tree_loaders import load_json, parse_prefix_dict
 
 logger = logging.getLogger(__name__)
 

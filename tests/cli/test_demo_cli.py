@@ -9,8 +9,8 @@ import pytest
 
 from logitgate.backends import ENV_VAR
 from logitgate.cli import main
-from logitgate.demo import CONFIGS, JSON_SCHEMA, json_output_problem, tree_output_check
-from logitgate.demo_format import format_report
+from logitgate.cli.demo import CONFIGS, JSON_SCHEMA, json_output_problem, tree_output_check
+from logitgate.cli.demo_report import format_report
 from logitgate.models import catalog_prefix_dict, demo_tokenizer, load_catalog
 
 USER_NAMES = ["Europe/Berlin", "Europe/Warsaw", "Asia/Tokyo", "America/Chicago"]

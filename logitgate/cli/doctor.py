@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .backends import ENV_VAR, get_backend, probe_cuda, probe_npu
+from ..backends import ENV_VAR, get_backend, probe_cuda, probe_npu
 
 PACKAGES = ("torch", "numpy", "numba", "triton", "torch_npu", "xgrammar", "transformers")
 
