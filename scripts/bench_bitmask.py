@@ -4,8 +4,8 @@ once with an empty numba cache (compile) and once with the cache it filled (cach
 
 The methods are timed in round robin (one run of each, repeated), so load from other processes on
 a shared machine hits all of them alike; each timed run follows an untimed run of the same method,
-so caches are as warm as in back-to-back runs. `spread` is the interquartile range over the median
-of logitgate's and memcpy's runs, a measure of that noise.
+so caches are as warm as in back-to-back runs. `<impl>_spread` is the interquartile range over the
+median of that implementation's runs, a measure of that noise.
 
     python scripts/bench_bitmask.py [--quick] [--dtypes float32,bfloat16] [--out FILE] [--plot FILE.png]
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ import torch
 
 import logitgate
 from logitgate.backends.reference import apply_token_bitmask_reference, pack_bitmask
-from logitgate.cli.bench_harness import emit, fresh_process_seconds, median_seconds, plot_bars
+from logitgate.cli.bench_harness import Progress, emit, plot_bars, round_robin
 
 SHAPES = [(1, 32000), (8, 128256), (64, 128256), (256, 151936)]
 DENSITIES = [0.5, 0.01]
@@ -59,24 +58,6 @@ def numba_threads() -> int:
     return numba.get_num_threads()
 
 
-def round_robin(fns: dict, repeats: dict[str, int]) -> dict[str, list[float]]:
-    """Seconds of each timed run of each fn (fns[name] is timed repeats[name] times), one method
-    after the other; every timed run comes right after an untimed warm-up run of the same fn (the
-    other methods' runs in between would leave its data out of cache)."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for i in range(max(repeats.values())):
-        for name, fn in fns.items():
-            if i < repeats[name]:
-                times[name].append(median_seconds(fn, repeats=1, warmup=1))
-    return times
-
-
-def spread(times: list[float]) -> float:
-    """Interquartile range over the median."""
-    q1, _, q3 = statistics.quantiles(times, n=4)
-    return (q3 - q1) / statistics.median(times)
-
-
 def bench_shape(rows: int, vocab: int, density: float, dtype: torch.dtype, repeats: int) -> dict:
     import xgrammar
 
@@ -92,18 +73,13 @@ def bench_shape(rows: int, vocab: int, density: float, dtype: torch.dtype, repea
         "torch_masked_fill": lambda: apply_token_bitmask_reference(logits, bitmask, None, vocab),
     }
     runs = round_robin(fns, {name: repeats if name != "torch_masked_fill" else max(3, repeats // 3) for name in fns})
-    times = {name: statistics.median(t) for name, t in runs.items()}
-    row = {
-        "shape": f"{rows}x{vocab}",
-        "dtype": str(dtype).removeprefix("torch."),
-        "allowed": density,
-        **{f"{k}_ms": v * 1e3 for k, v in times.items()},
-    }
+    times = {name: t.median for name, t in runs.items()}
+    row = {"shape": f"{rows}x{vocab}", "dtype": str(dtype).removeprefix("torch."), "allowed": density}
+    for name, timing in runs.items():
+        row.update(timing.fields(name))
     row["vs_memcpy"] = times["logitgate"] / times["memcpy"]
     row["speedup_vs_xgrammar"] = times["xgrammar_cpu"] / times["logitgate"]
     row["speedup_vs_torch"] = times["torch_masked_fill"] / times["logitgate"]
-    row["spread_logitgate"] = spread(runs["logitgate"])
-    row["spread_memcpy"] = spread(runs["memcpy"])
     return row
 
 
@@ -126,6 +102,9 @@ def main(argv: list[str] | None = None) -> dict:
 
         torch.set_num_threads(args.threads)
         numba.set_num_threads(args.threads)
+    cases = [(r, v, d, dt) for dt in dtypes for r, v in shapes for d in DENSITIES]
+    progress = Progress(len(cases) + 1, "bitmask")
+    progress.step("first call in a fresh process (numba compile, then cache load)")
     result = {
         "benchmark": "bitmask_apply",
         "backend": "cpu",
@@ -133,12 +112,15 @@ def main(argv: list[str] | None = None) -> dict:
         "numba_threads": numba_threads(),
         "fresh_process": first_call_seconds(),
         "goal": "(64,128256): <= 1.5x memcpy, >= 5x faster than xgrammar_cpu; first call < 2 s",
-        "rows": [bench_shape(r, v, d, dt, repeats) for dt in dtypes for r, v in shapes for d in DENSITIES],
+        "rows": [],
     }
+    for r, v, d, dt in cases:
+        progress.step(f"{r}x{v} {str(dt).removeprefix('torch.')} {d:.0%} allowed")
+        result["rows"].append(bench_shape(r, v, d, dt, repeats))
     emit(result, args.out)
     if args.plot:
         labels = [dict(row, label=f"{row['shape']} {row['dtype']} {row['allowed']:.0%}") for row in result["rows"]]
-        plot_bars(labels, "label", ["memcpy_ms", "logitgate_ms", "xgrammar_cpu_ms"], "bitmask apply (CPU)", args.plot, "ms (median)")
+        plot_bars(labels, "label", ["memcpy", "logitgate", "xgrammar_cpu", "torch_masked_fill"], "bitmask apply (CPU)", args.plot)
     return result
 
 

@@ -18,7 +18,7 @@ import sys
 import torch
 
 from logitgate.backends import get_backend
-from logitgate.cli.bench_harness import emit, median_seconds, plot_bars
+from logitgate.cli.bench_harness import Progress, emit, plot_bars, round_robin
 from logitgate.sampling.rejection import rejection_sample
 
 BATCH, SPEC, VOCAB = 64, 4, 128256
@@ -41,13 +41,15 @@ print(t1 - t0, t2 - t1)
 def vllm_torch(draft_token_ids, target_logits, bonus_token_ids, draft_probs, temperature):
     """vLLM's random-mode rejection sampler, vectorised in torch (equal draft counts per request):
     full softmax, float64 uniforms per draft, one Exp(1) row per request, the recovered token
-    argmax(max(p - q, 0) / E) at EVERY position, then the sequential accept as a cumprod."""
+    argmax(max(p - q, 0) / E) at EVERY position, then the sequential accept as a cumprod. Runs on the
+    inputs' device (the GPU check uses it on CUDA)."""
     batch = bonus_token_ids.numel()
     spec = draft_token_ids.numel() // batch
     logits = target_logits.float() / temperature.repeat_interleave(spec).unsqueeze(-1)
     target_probs = logits.softmax(-1, dtype=torch.float32)
-    uniform = torch.rand(draft_token_ids.numel(), dtype=torch.float64)
-    q = torch.empty(batch, target_logits.shape[-1]).exponential_()
+    device = target_logits.device
+    uniform = torch.rand(draft_token_ids.numel(), dtype=torch.float64, device=device)
+    q = torch.empty(batch, target_logits.shape[-1], device=device).exponential_()
     residual = (target_probs - draft_probs).clamp_min_(0).view(batch, spec, -1)
     recovered = residual.div_(q.unsqueeze(1)).argmax(-1)  # (B, K)
     ids = draft_token_ids.unsqueeze(-1)
@@ -55,8 +57,8 @@ def vllm_torch(draft_token_ids, target_logits, bonus_token_ids, draft_probs, tem
     target_p = target_probs.gather(-1, ids).squeeze(-1)
     accept = ((draft_p > 0) & (target_p / draft_p >= uniform)).view(batch, spec)
     accepted = accept.int().cumprod(1).sum(1)
-    out = torch.full((batch, spec + 1), -1, dtype=torch.int32)
-    positions = torch.arange(spec + 1)
+    out = torch.full((batch, spec + 1), -1, dtype=torch.int32, device=device)
+    positions = torch.arange(spec + 1, device=device)
     drafts = draft_token_ids.view(batch, spec)
     out[:, :spec] = torch.where(positions[:spec] < accepted.unsqueeze(-1), drafts, -1).int()
     final = torch.where(accepted < spec, recovered.gather(1, accepted.clamp(max=spec - 1).unsqueeze(-1)).squeeze(-1), bonus_token_ids)
@@ -87,12 +89,16 @@ def bench(scenario: str, repeats: int) -> dict:
 
     out = ours()
     emitted = int((out >= 0).sum()) / BATCH  # accepted drafts + 1 per request
-    times = {
-        "softmax_floor": median_seconds(lambda: logits.softmax(-1), repeats=repeats),
-        "logitgate": median_seconds(ours, repeats=repeats),
-        "vllm_torch": median_seconds(lambda: vllm_torch(drafts, logits, bonus, probs, temperature), repeats=max(5, repeats // 2)),
+    fns = {
+        "softmax_floor": lambda: logits.softmax(-1),
+        "logitgate": ours,
+        "vllm_torch": lambda: vllm_torch(drafts, logits, bonus, probs, temperature),
     }
-    row = {"scenario": scenario, "mean_emitted_tokens": emitted, **{f"{k}_ms": v * 1e3 for k, v in times.items()}}
+    runs = round_robin(fns, {"softmax_floor": repeats, "logitgate": repeats, "vllm_torch": max(5, repeats // 2)})
+    times = {name: t.median for name, t in runs.items()}
+    row = {"scenario": scenario, "mean_emitted_tokens": emitted}
+    for name, timing in runs.items():
+        row.update(timing.fields(name))
     row["vs_floor"] = times["logitgate"] / times["softmax_floor"]
     row["speedup_vs_vllm_torch"] = times["vllm_torch"] / times["logitgate"]
     return row
@@ -118,13 +124,18 @@ def main(argv: list[str] | None = None) -> dict:
         "shape": {"batch": BATCH, "spec_tokens": SPEC, "vocab": VOCAB, "mode": "random, draft probs"},
         "torch_threads": torch.get_num_threads(),
         "goal": "drafter scenario: <= 2.5x softmax_floor and >= 1.5x faster than vllm_torch",
-        "fresh_process": first_call_seconds(),
-        "rows": [bench(s, repeats) for s in ("drafter", "exact")],
+        "rows": [],
     }
+    progress = Progress(3, "rejection")
+    progress.step("first call in a fresh process")
+    result["fresh_process"] = first_call_seconds()
+    for scenario in ("drafter", "exact"):
+        progress.step(f"B={BATCH} k={SPEC} V={VOCAB}, {scenario} draft probs")
+        result["rows"].append(bench(scenario, repeats))
     emit(result, args.out)
     if args.plot:
-        plot_bars(result["rows"], "scenario", ["softmax_floor_ms", "logitgate_ms", "vllm_torch_ms"],
-                  f"rejection sampling, CPU, B={BATCH} k={SPEC} V={VOCAB}", args.plot, "ms (median)")
+        plot_bars(result["rows"], "scenario", ["softmax_floor", "logitgate", "vllm_torch"],
+                  f"rejection sampling (random, draft probs), CPU, B={BATCH} k={SPEC} V={VOCAB}", args.plot)
     return result
 
 

@@ -17,7 +17,7 @@ import numba
 import torch
 
 from logitgate.backends.reference import apply_top_k_top_p_reference
-from logitgate.cli.bench_harness import emit, fresh_process_seconds, median_seconds, plot_bars
+from logitgate.cli.bench_harness import Progress, emit, fresh_process_seconds, plot_bars, round_robin
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, ops
 
 SHAPES = [(1, 128256), (8, 128256), (64, 128256), (256, 151936)]
@@ -41,6 +41,10 @@ def make_logits(rows: int, vocab: int) -> torch.Tensor:
     return torch.randn(rows, vocab, generator=g) * 3  # a peaked, LLM-like spread
 
 
+def _fields(runs: dict) -> dict:
+    return {key: value for name, timing in runs.items() for key, value in timing.fields(name).items()}
+
+
 def exponential_trick(probs: torch.Tensor) -> torch.Tensor:
     return probs.div(torch.empty_like(probs).exponential_()).argmax(dim=-1)
 
@@ -48,13 +52,14 @@ def exponential_trick(probs: torch.Tensor) -> torch.Tensor:
 def bench_random_sample(rows: int, vocab: int, repeats: int) -> dict:
     probs = make_logits(rows, vocab).softmax(dim=-1)
     generators = {r: torch.Generator().manual_seed(r) for r in range(rows)}
-    times = {
-        "logitgate": median_seconds(lambda: ops.random_sample(probs, backend="cpu"), repeats=repeats),
-        "logitgate_seeded": median_seconds(lambda: ops.random_sample(probs, generators, backend="cpu"), repeats=repeats),
-        "multinomial": median_seconds(lambda: torch.multinomial(probs, 1), repeats=repeats),
-        "exponential_trick": median_seconds(lambda: exponential_trick(probs), repeats=repeats),
-    }
-    row = {"op": "random_sample", "shape": f"{rows}x{vocab}", **{f"{k}_ms": v * 1e3 for k, v in times.items()}}
+    runs = round_robin({
+        "logitgate": lambda: ops.random_sample(probs, backend="cpu"),
+        "logitgate_seeded": lambda: ops.random_sample(probs, generators, backend="cpu"),
+        "multinomial": lambda: torch.multinomial(probs, 1),
+        "exponential_trick": lambda: exponential_trick(probs),
+    }, repeats)
+    times = {name: t.median for name, t in runs.items()}
+    row = {"op": "random_sample", "shape": f"{rows}x{vocab}", **_fields(runs)}
     row["speedup_vs_multinomial"] = times["multinomial"] / times["logitgate"]
     row["speedup_vs_exponential_trick"] = times["exponential_trick"] / times["logitgate"]
     return row
@@ -68,14 +73,13 @@ def bench_filters(rows: int, vocab: int, name: str, repeats: int) -> dict:
     k_value, p_value = FILTERS[name]
     k = None if k_value is None else torch.full((rows,), k_value)
     p = None if p_value is None else torch.full((rows,), p_value)
-    times = {
-        "clone": median_seconds(lambda: logits.clone(), repeats=repeats),
-        "logitgate": median_seconds(lambda: ops.apply_top_k_top_p(logits.clone(), k, p, backend="cpu"), repeats=repeats),
-        "sort_reference": median_seconds(
-            lambda: apply_top_k_top_p_reference(logits.clone(), k, p), repeats=max(3, repeats // 3), warmup=1
-        ),
-    }
-    row = {"op": f"top_k_top_p {name}", "shape": f"{rows}x{vocab}", **{f"{key}_ms": v * 1e3 for key, v in times.items()}}
+    runs = round_robin({
+        "clone": lambda: logits.clone(),
+        "logitgate": lambda: ops.apply_top_k_top_p(logits.clone(), k, p, backend="cpu"),
+        "sort_reference": lambda: apply_top_k_top_p_reference(logits.clone(), k, p),
+    }, {"clone": repeats, "logitgate": repeats, "sort_reference": max(3, repeats // 3)})
+    times = {name: t.median for name, t in runs.items()}
+    row = {"op": f"top_k_top_p {name}", "shape": f"{rows}x{vocab}", **_fields(runs)}
     row["speedup_vs_sort_reference"] = times["sort_reference"] / times["logitgate"]
     return row
 
@@ -90,13 +94,12 @@ def bench_sampler(rows: int, vocab: int, repeats: int) -> dict:
     params = [SamplingParams(temperature=0.8, top_k=50, top_p=0.9)] * rows
     meta = SamplingMetadata.from_params(params)
     sampler = Sampler(backend="cpu")
-    times = {
-        "logitgate": median_seconds(lambda: sampler(logits.clone(), meta), repeats=repeats),
-        "baseline": median_seconds(
-            lambda: baseline_step(logits.clone(), meta.temperature, meta.top_k, meta.top_p), repeats=max(3, repeats // 3), warmup=1
-        ),
-    }
-    row = {"op": "sampler step t=0.8,top_k=50,top_p=0.9", "shape": f"{rows}x{vocab}", **{f"{k}_ms": v * 1e3 for k, v in times.items()}}
+    runs = round_robin({
+        "logitgate": lambda: sampler(logits.clone(), meta),
+        "baseline": lambda: baseline_step(logits.clone(), meta.temperature, meta.top_k, meta.top_p),
+    }, {"logitgate": repeats, "baseline": max(3, repeats // 3)})
+    times = {name: t.median for name, t in runs.items()}
+    row = {"op": "sampler step t=0.8,top_k=50,top_p=0.9", "shape": f"{rows}x{vocab}", **_fields(runs)}
     row["speedup_vs_baseline"] = times["baseline"] / times["logitgate"]
     return row
 
@@ -114,9 +117,17 @@ def main(argv: list[str] | None = None) -> dict:
         numba.set_num_threads(args.threads)
     repeats = 7 if args.quick else args.repeats
     shapes = [(64, 128256)] if args.quick else SHAPES
-    rows = [bench_random_sample(r, v, repeats) for r, v in shapes]
-    rows += [bench_filters(64, 128256, name, repeats) for name in FILTERS]
+    progress = Progress(len(shapes) + len(FILTERS) + 2, "sampling")
+    rows = []
+    for r, v in shapes:
+        progress.step(f"random_sample {r}x{v}")
+        rows.append(bench_random_sample(r, v, repeats))
+    for name in FILTERS:
+        progress.step(f"top-k/top-p {name} 64x128256")
+        rows.append(bench_filters(64, 128256, name, repeats))
+    progress.step("Sampler step 64x128256")
     rows.append(bench_sampler(64, 128256, repeats))
+    progress.step("first call in a fresh process")
     main_row = next(row for row in rows if row["op"] == "random_sample" and row["shape"] == "64x128256")
     result = {
         "benchmark": "sampling",
@@ -131,8 +142,8 @@ def main(argv: list[str] | None = None) -> dict:
     emit(result, args.out)
     if args.plot:
         labels = [dict(row, label=f"{row['op']} {row['shape']}") for row in rows]
-        keys = ["logitgate_ms", "multinomial_ms", "exponential_trick_ms", "sort_reference_ms", "baseline_ms"]
-        plot_bars(labels, "label", keys, "sampling (CPU)", args.plot, "ms (median)")
+        keys = ["clone", "logitgate", "logitgate_seeded", "multinomial", "exponential_trick", "sort_reference", "baseline"]
+        plot_bars(labels, "label", keys, "sampling (CPU)", args.plot)
     return result
 
 

@@ -23,7 +23,7 @@ import torch
 import xgrammar as xgr
 
 import logitgate
-from logitgate.cli.bench_harness import emit, median_seconds, plot_bars
+from logitgate.cli.bench_harness import Progress, emit, plot_bars, round_robin
 from logitgate.structured import StructuredOutputManager, StructuredOutputsParams
 
 SCHEMA = {
@@ -172,18 +172,23 @@ def main() -> None:
     manager, requests, states, tree, vocab_size = build(args, rng)
     ids = [r[0] for r in requests]
     rows = []
+    progress = Progress(2, "structured")
     for n_drafts in (0, args.drafts):
+        progress.step(f"{len(ids)} requests, {n_drafts} drafts each")
         spec = {r[0]: r[3][:n_drafts] for r in requests} if n_drafts else {}
         ours = manager.grammar_bitmask(ids, spec)
         reference = baseline_rows(requests, states, tree, vocab_size, spec)
         assert torch.equal(ours, reference), "the manager and the baseline disagree"
-        t_manager = median_seconds(lambda: manager.grammar_bitmask(ids, spec), repeats=repeats)
-        t_base = median_seconds(lambda: baseline_rows(requests, states, tree, vocab_size, spec), repeats=repeats)
+        runs = round_robin({
+            "manager": lambda: manager.grammar_bitmask(ids, spec),
+            "one_by_one": lambda: baseline_rows(requests, states, tree, vocab_size, spec),
+        }, repeats)
+        t_manager, t_base = runs["manager"].median, runs["one_by_one"].median
         rows.append({
             "case": f"{len(ids)} requests, {n_drafts} drafts",
             "rows": int(ours.shape[0]),
-            "manager_ms": t_manager * 1e3,
-            "one_by_one_ms": t_base * 1e3,
+            **runs["manager"].fields("manager"),
+            **runs["one_by_one"].fields("one_by_one"),
             "manager_us_per_row": t_manager * 1e6 / ours.shape[0],
             "speedup_vs_one_by_one": t_base / t_manager,
         })
@@ -203,7 +208,7 @@ def main() -> None:
     }
     emit(result, args.out)
     if args.plot:
-        plot_bars(rows, "case", ["manager_ms", "one_by_one_ms"], "grammar bitmask per decode step", args.plot, "ms (median)")
+        plot_bars(rows, "case", ["manager", "one_by_one"], f"grammar bitmask per decode step (V={vocab_size})", args.plot)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import torch
 
 import logitgate
 from logitgate import TreeDFA
-from logitgate.cli.bench_harness import emit, median_seconds, plot_bars
+from logitgate.cli.bench_harness import Progress, emit, plot_bars, time_runs
 
 START, END = 1, 2
 CODEBOOK, BASE = 256, 1000  # item token j of an item comes from codebook j: BASE + j*CODEBOOK + code
@@ -158,13 +158,15 @@ def bench_vocab(vocab: int, config: dict, items, xgr_items, repeats: int, with_b
     # The paths agree on the token they pick.
     reference = greedy(lg_dense)(logits.clone())
     assert torch.equal(lg_sparse_greedy(logits.clone()), reference)
-    t = lambda fn: median_seconds(lambda: fn(logits), repeats=repeats) * 1e3  # noqa: E731
+    def t(name, fn, arg=logits):  # the row fields (median, min, max, spread) of fn(arg) under `name`
+        return time_runs(lambda: fn(arg), repeats=repeats).fields(name)
+
     row = {
         "vocab": vocab,
-        "logitgate_dense_constrain_ms": t(lg_dense),
-        "logitgate_dense_greedy_ms": t(greedy(lg_dense)),
-        "logitgate_sparse_greedy_ms": t(lg_sparse_greedy),
-        "logitgate_advance_ms": median_seconds(lambda: tree.advance(states, reference), repeats=repeats) * 1e3,
+        **t("logitgate_dense_constrain", lg_dense),
+        **t("logitgate_dense_greedy", greedy(lg_dense)),
+        **t("logitgate_sparse_greedy", lg_sparse_greedy),
+        **t("logitgate_advance", lambda tokens: tree.advance(states, tokens), reference),
     }
     if with_baselines:
         rtp_constrain, rtp_update = rtp_style(config, prefixes, vocab)
@@ -172,15 +174,15 @@ def bench_vocab(vocab: int, config: dict, items, xgr_items, repeats: int, with_b
         hf = hf_processor(config, prefixes)
         assert torch.equal(greedy(hf)(logits.clone()), reference)
         row.update(
-            rtp_style_constrain_ms=t(rtp_constrain),
-            rtp_style_greedy_ms=t(greedy(rtp_constrain)),
-            rtp_style_update_ms=median_seconds(lambda: rtp_update(reference), repeats=repeats) * 1e3,
-            hf_greedy_ms=t(greedy(hf)),
+            **t("rtp_style_constrain", rtp_constrain),
+            **t("rtp_style_greedy", greedy(rtp_constrain)),
+            **t("rtp_style_update", rtp_update, reference),
+            **t("hf_greedy", greedy(hf)),
         )
         if xgr_items:
             xgr_prefixes = batch_prefixes(xgr_items)
             xgr_constrain, compile_s = xgrammar_step(xgr_items, xgr_prefixes, vocab)
-            row.update(xgrammar_constrain_ms=t(xgr_constrain), xgrammar_greedy_ms=t(greedy(xgr_constrain)),
+            row.update(**t("xgrammar_constrain", xgr_constrain), **t("xgrammar_greedy", greedy(xgr_constrain)),
                        xgrammar_compile_s=compile_s, xgrammar_items=len(xgr_items))
         row["dense_speedup_vs_rtp_style"] = row["rtp_style_constrain_ms"] / row["logitgate_dense_constrain_ms"]
         row["sparse_speedup_vs_rtp_style"] = row["rtp_style_greedy_ms"] / row["logitgate_sparse_greedy_ms"]
@@ -239,7 +241,11 @@ def main(argv: list[str] | None = None) -> dict:
     items = make_catalog(args.items)
     config = prefix_dict_config(items)
     tree = TreeDFA.from_prefix_dict(config, vocab_size=max(vocabs), device="cpu")
-    rows = [bench_vocab(v, config, items, items[:xgr_n], repeats, with_baselines=(v == 128256)) for v in vocabs]
+    progress = Progress(len(vocabs) + 1, "tree")
+    rows = []
+    for v in vocabs:
+        progress.step(f"B={BATCH} V={v}" + (" with baselines (RTP-style, HF, xgrammar)" if v == 128256 else ""))
+        rows.append(bench_vocab(v, config, items, items[:xgr_n], repeats, with_baselines=(v == 128256)))
     sparse = [r["logitgate_sparse_greedy_ms"] for r in rows]
     main_row = next(r for r in rows if r["vocab"] == 128256)
     result = {
@@ -259,14 +265,14 @@ def main(argv: list[str] | None = None) -> dict:
             "sparse_max_over_min": max(sparse) / min(sparse),
         },
         "rows": rows,
-        "compile": bench_compile(compile_entries, 1 if args.quick else 3),
     }
+    progress.step(f"compile a {compile_entries}-entry prefix dict")
+    result["compile"] = bench_compile(compile_entries, 1 if args.quick else 3)
     emit(result, args.out)
     if args.plot:
-        keys = [k for k in ("rtp_style_greedy_ms", "hf_greedy_ms", "xgrammar_greedy_ms", "logitgate_dense_greedy_ms",
-                            "logitgate_sparse_greedy_ms") if k in main_row]
-        plot_bars([dict(main_row, label=f"B={BATCH} V={main_row['vocab']}")], "label", keys,
-                  "one constrained greedy step (CPU)", args.plot, "ms (median)")
+        keys = ["rtp_style_greedy", "hf_greedy", "xgrammar_greedy", "logitgate_dense_greedy", "logitgate_sparse_greedy"]
+        plot_bars([dict(row, label=f"B={BATCH} V={row['vocab']}") for row in rows], "label", keys,
+                  f"one constrained greedy step over a {len(items)}-item tree (CPU)", args.plot)
     return result
 
 

@@ -29,11 +29,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import format_table, run
+    from .bench import format_table, run, run_gpu_check
 
-    summary = run(args.out, args.only, quick=args.quick, device=args.device)
+    if args.gpu:
+        if args.only is not None:
+            raise ValueError("--only does not apply to --gpu (the GPU check runs its fixed set)")
+        return run_gpu_check(args.out, args.quick, args.device)
+    out = args.out or "bench-out"
+    summary = run(out, args.only, quick=args.quick, device=args.device)
     print(format_table(summary))
-    print(f"\nJSON and PNG per benchmark in {args.out}/")
+    print(f"\nJSON and PNG per benchmark, summary.json and summary.md in {out}/")
     return 1 if any("error" in entry for entry in summary.values()) else 0
 
 
@@ -54,11 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--threads", type=int, default=None, help="torch and numba threads (default: 1 for the embedded model)")
     demo.add_argument("--json", action="store_true", help="machine-readable output: the whole report as one object")
     demo.set_defaults(func=_cmd_demo)
-    bench = sub.add_parser("bench", help="run the benchmark scripts, print one table of ratios")
-    bench.add_argument("--out", default="bench-out", help="folder for JSON and PNG results")
-    bench.add_argument("--only", nargs="*", help="benchmark names (bitmask, tree, sampling, ...)")
+    bench = sub.add_parser("bench", help="run the benchmark scripts, print one table per benchmark")
+    bench.add_argument("--out", default=None, help="folder for JSON and PNG results (default: bench-out; "
+                       "with --gpu: gpu-check-out/<time>)")
+    bench.add_argument("--only", nargs="*", metavar="NAME", help="benchmark names (bitmask, rejection, sampling, structured, tree)")
     bench.add_argument("--quick", action="store_true", help="fewer repeats and shapes")
-    bench.add_argument("--device", default=None, help="LOGITGATE_DEVICE for the benchmarks")
+    bench.add_argument("--device", default=None, help="LOGITGATE_DEVICE for the benchmarks (--gpu: cuda, or cpu for a dry run)")
+    bench.add_argument("--gpu", action="store_true", help="the GPU check (scripts/gpu_check.py): tests, sync check, "
+                       "CUDA benchmarks against xgrammar/vLLM baselines, JSON + markdown")
     bench.set_defaults(func=_cmd_bench)
     register_tree_commands(sub)
     return parser
