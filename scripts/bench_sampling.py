@@ -65,6 +65,24 @@ def bench_random_sample(rows: int, vocab: int, repeats: int) -> dict:
     return row
 
 
+def vllm_top_k_top_p_sample(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
+    """vLLM's sampling algorithm, written here in torch (the baseline of the GPU check): sort each row
+    ascending; top-k masks what is below the k-th largest value; top-p masks the sorted tokens whose
+    cumulative probability stays within 1 - p (never the largest); scatter back in place; softmax;
+    then the exponential trick argmax(p / q), q ~ Exp(1) over the whole vocabulary."""
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    if k is not None:
+        kth = sorted_logits.gather(1, (logits.shape[1] - k.long()).clamp(min=0).unsqueeze(1))
+        sorted_logits.masked_fill_(sorted_logits < kth, float("-inf"))
+    if p is not None:
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative <= 1 - p.unsqueeze(1)
+        drop[:, -1] = False
+        sorted_logits.masked_fill_(drop, float("-inf"))
+    probs = logits.scatter_(1, order, sorted_logits).softmax(dim=-1, dtype=torch.float32)
+    return probs.div_(torch.empty_like(probs).exponential_()).argmax(dim=-1)
+
+
 FILTERS = {"top_k=50": (50, None), "top_p=0.9": (None, 0.9), "top_k=50,top_p=0.9": (50, 0.9), "top_k=1000,top_p=0.95": (1000, 0.95)}
 
 

@@ -25,15 +25,24 @@ def _triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+# The device the session was started for (`LOGITGATE_DEVICE=cuda make gpu-check`). Read once here:
+# each test runs with the variable cleared (see _isolate_backend_env) and selects backends itself.
+SESSION_DEVICE = os.environ.get("LOGITGATE_DEVICE")
+
+
 def reachable_backends():
     """Every backend this host can run: cpu, the emulated NPU (host round trip), the emulated NPU
-    running the Triton kernels under the interpreter, and CUDA where present."""
+    running the Triton kernels under the interpreter, and CUDA where present. With
+    LOGITGATE_DEVICE=cuda, CUDA must be usable: a GPU run never passes silently on the CPU alone."""
     from logitgate.backends.emulated import EmulatedNpuBackend
 
     backends = [get_backend("cpu"), EmulatedNpuBackend()]
     if TRITON_INTERPRET and _triton_installed():
         backends.append(EmulatedNpuBackend(triton_ascend=True, vector_cores=4))
-    if probe_cuda().available:
+    cuda = probe_cuda()
+    if SESSION_DEVICE == "cuda" and not cuda.available:
+        raise pytest.UsageError(f"LOGITGATE_DEVICE=cuda but CUDA is unusable: {cuda.reason}")
+    if cuda.available:
         backends.append(get_backend("cuda"))
     return backends
 

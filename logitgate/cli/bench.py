@@ -94,6 +94,15 @@ def cases(result: dict) -> list[Case]:
     return found
 
 
+def child_env(device: str | None) -> dict[str, str]:
+    """The benchmarks' environment: they import this same logitgate (not another installed copy)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SCRIPTS_DIR.parent), env.get("PYTHONPATH")) if p)
+    if device:
+        env["LOGITGATE_DEVICE"] = device
+    return env
+
+
 def _forward_progress(proc: subprocess.Popen, prefix: str) -> list[str]:
     """Copy the child's progress lines to our stderr with `prefix`; return its last other lines."""
     tail: collections.deque[str] = collections.deque(maxlen=20)
@@ -112,9 +121,7 @@ def run(out: str, only: list[str] | None = None, quick: bool = False, device: st
     scripts = discover(only)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    if device:
-        env["LOGITGATE_DEVICE"] = device
+    env = child_env(device)
     summary: dict[str, dict] = {}
     started = time.perf_counter()
     for i, script in enumerate(scripts):
@@ -198,4 +205,4 @@ def run_gpu_check(out: str | None, quick: bool, device: str | None) -> int:
         cmd.append("--quick")
     if device:
         cmd += ["--device", device]
-    return subprocess.run(cmd).returncode
+    return subprocess.run(cmd, env=child_env(None)).returncode

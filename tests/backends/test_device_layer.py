@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import logitgate
-from logitgate.backends import backend_for_tensor, clear_backend_cache, get_backend, probe_npu, reset_probes
+from logitgate.backends import backend_for_tensor, clear_backend_cache, get_backend, probe_cuda, probe_npu, reset_probes
 from logitgate.backends.emulated import EmulatedEvent, EmulatedNpuBackend
 from logitgate.backends.npu import BITMASK_ROUND_TRIP, BITMASK_TRITON
 from logitgate.backends.triton.launch import ASCEND_UB_BYTES, ascend_grid_and_block, ascend_vocab_tile
@@ -22,7 +22,8 @@ def test_explicit_env_and_detected_selection(monkeypatch):
     assert get_backend().name == "npu-emulated"
     assert get_backend("cpu").name == "cpu"  # the argument wins over the environment
     monkeypatch.delenv("LOGITGATE_DEVICE")
-    assert get_backend().name == "cpu"  # no CUDA, no NPU on this host
+    # Detection: CUDA where it is usable (the GPU check's hosts), else CPU (no NPU in CI).
+    assert get_backend().name == ("cuda" if probe_cuda().available else "cpu")
 
 
 def test_unknown_and_unusable_devices_are_clear(monkeypatch):

@@ -1,0 +1,136 @@
+"""The GPU check's logic on the CPU: argument handling, package installation from the wheel folder,
+the dry run end to end (same benchmark code on CPU tensors) and its JSON / markdown, junit parsing,
+and `logitgate bench --gpu`. The hardware run itself needs a GPU (see the README's "GPU check")."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_arguments_defaults_and_errors(gpu_check, capsys):
+    args = gpu_check.parse_args([])
+    assert args.device == "cuda" and args.budget_s == 600 and not args.quick
+    assert Path(args.out).parent.name == "gpu-check-out" and args.out.endswith("-cuda")
+    assert gpu_check.parse_args(["--device", "cpu", "--out", "x"]).out == "x"
+    for bad in (["--device", "tpu"], ["--repeats", "1"], ["--budget-s", "0"]):
+        with pytest.raises(SystemExit):
+            gpu_check.parse_args(bad)
+    err = capsys.readouterr().err
+    assert "invalid choice: 'tpu'" in err and "--repeats must be at least 3" in err and "--budget-s must be positive" in err
+
+
+def test_cuda_requested_without_cuda_is_a_clear_error(gpu_check, tmp_path, capsys):
+    from logitgate.backends import probe_cuda
+
+    if probe_cuda().available:
+        pytest.skip("this host has CUDA")
+    assert gpu_check.main(["--device", "cuda", "--out", str(tmp_path)]) == 2
+    assert "CUDA is unusable here" in capsys.readouterr().err
+
+
+def test_missing_packages_install_from_the_wheel_folder_only(gpu_check, tmp_path, monkeypatch):
+    needed = {"json": "json", "surely_not_a_module_xyz": "surely-not-a-package"}
+    # No wheels: said plainly, nothing attempted.
+    status = gpu_check.ensure_packages(tmp_path / "none", needed)
+    assert status["json"] == "present"
+    assert status["surely_not_a_module_xyz"].startswith("missing: no wheels in") and "make gpu-wheels" in status["surely_not_a_module_xyz"]
+    # With wheels: pip install --no-index --find-links <folder> <the missing ones only>.
+    (tmp_path / "a-1.0-py3-none-any.whl").write_bytes(b"")
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for surely-not-a-package")
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
+    status = gpu_check.ensure_packages(tmp_path, needed)
+    [cmd] = calls
+    assert cmd[1:4] == ["-m", "pip", "install"] and "--no-index" in cmd
+    assert cmd[cmd.index("--find-links") + 1] == str(tmp_path) and cmd[-1] == "surely-not-a-package" and "json" not in cmd
+    assert status["surely_not_a_module_xyz"] == "missing: pip install failed: ERROR: No matching distribution found for surely-not-a-package"
+
+
+def test_junit_counts_and_failures(gpu_check, tmp_path):
+    xml = tmp_path / "j.xml"
+    xml.write_text(
+        '<testsuites><testsuite tests="4" failures="1" errors="1" skipped="1">'
+        '<testcase classname="tests.a" name="test_ok"/>'
+        '<testcase classname="tests.a" name="test_bad"><failure message="assert 1 == 2&#10;more">tb</failure></testcase>'
+        '<testcase classname="tests.b" name="test_err"><error message="RuntimeError: sync">tb</error></testcase>'
+        '<testcase classname="tests.b" name="test_skip"><skipped/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    result = gpu_check.parse_junit(xml)
+    assert (result["tests"], result["passed"], result["failures"], result["errors"], result["skipped"]) == (4, 1, 1, 1, 1)
+    assert result["failed"] == ["tests.a::test_bad (failure): assert 1 == 2", "tests.b::test_err (error): RuntimeError: sync"]
+
+
+def test_dry_run_end_to_end_writes_json_and_markdown(gpu_check, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(gpu_check.SHAPES, "cpu", {
+        "bitmask": [(2, 1000)], "sampling": (2, 1000), "rejection": (2, 2, 1000), "tree": (4, 4096, 50), "noise": (2, 1000)})
+    test_file = tmp_path / "test_tiny.py"
+    test_file.write_text("def test_one():\n    assert 1 + 1 == 2\n")
+    out = tmp_path / "out"
+    rc = gpu_check.main(["--device", "cpu", "--out", str(out), "--repeats", "3", "--pytest-args", f"-q {test_file}"])
+    assert rc == 0
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert report["environment"]["device"] == "cpu" and report["passed"] is True
+    assert report["sync_check"]["checked"] is False and set(report["sync_check"]["parts"].values()) == {"ok"}
+    assert report["overlap_check"]["checked"] is False
+    [bitmask_f32, bitmask_bf16] = report["benchmarks"]["bitmask"]
+    assert (bitmask_f32["dtype"], bitmask_bf16["dtype"]) == ("float32", "bfloat16")
+    assert set(bitmask_f32["impl"]) >= {"copy", "logitgate", "torch_masked_fill", "xgrammar"}
+    assert all(bitmask_f32["correct"].values())
+    assert bitmask_f32["impl"]["copy"]["fraction_of_copy"] == pytest.approx(1.0)
+    for m in bitmask_f32["impl"].values():
+        assert m["us_min"] <= m["us"] <= m["us_max"] and m["gbps"] > 0
+    [sampling] = report["benchmarks"]["sampling"]
+    assert set(sampling["impl"]) == {"one_read_floor", "logitgate", "vllm_torch", "sort_reference"}
+    assert sampling["vs_one_read_floor"] == pytest.approx(sampling["impl"]["logitgate"]["us"] / sampling["impl"]["one_read_floor"]["us"])
+    [rejection] = report["benchmarks"]["rejection"]
+    assert set(rejection["impl"]) == {"one_read_floor", "logitgate", "vllm_torch"} and rejection["shape"] == "B=2 k=2 V=1000"
+    [tree] = report["benchmarks"]["tree"]
+    assert {"fill_bitmask", "fill_and_apply", "candidates", "advance"} <= set(tree["impl"])
+    assert report["benchmarks"]["errors"] == {}
+    assert report["tests"]["passed"] == 1 and report["tests"]["passed_all"] is True
+    md = (out / "gpu_check.md").read_text()
+    assert "| 2x1000 | float32 | logitgate |" in md and "## Rejection sampling" in md and "1 passed, 0 failed" in md
+    assert md.rstrip().endswith("s).") and "Overall: PASS" in md
+    assert "[gpu-check] step 1/" in capsys.readouterr().err
+
+
+def test_a_failing_test_fails_the_check(gpu_check, tmp_path):
+    test_file = tmp_path / "test_red.py"
+    test_file.write_text("def test_red():\n    assert False, 'red'\n")
+    out = tmp_path / "out"
+    assert gpu_check.main(["--device", "cpu", "--out", str(out), "--skip-bench", "--pytest-args", f"-q {test_file}"]) == 1
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert report["passed"] is False and report["tests"]["failures"] == 1
+    assert "test_red" in report["tests"]["failed"][0]
+
+
+def test_logitgate_bench_gpu_runs_the_check(monkeypatch, capsys):
+    from logitgate.cli import bench as bench_cli
+    from logitgate.cli.main import main
+
+    calls = []
+    monkeypatch.setattr(bench_cli.subprocess, "run", lambda cmd, **kw: calls.append((cmd, kw)) or subprocess.CompletedProcess(cmd, 0))
+    assert main(["bench", "--gpu", "--device", "cpu", "--quick", "--out", "o"]) == 0
+    [(cmd, kw)] = calls
+    assert cmd[1] == str(SCRIPT) and cmd[2:] == ["--out", "o", "--quick", "--device", "cpu"]
+    assert kw["env"]["PYTHONPATH"].split(":")[0] == str(SCRIPT.parents[1])  # this checkout's logitgate
+    assert main(["bench", "--gpu", "--only", "bitmask"]) == 2
+    assert "--only does not apply to --gpu" in capsys.readouterr().err
