@@ -23,7 +23,7 @@ VLLM_STAMP := $(VENV)/.logitgate-vllm-installed
 
 export TORCH_DEVICE_BACKEND_AUTOLOAD ?= 0
 
-.PHONY: test demo doctor bench setup clean
+.PHONY: test demo doctor bench setup clean gpu-check gpu-wheels
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,31 @@ doctor: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m logitgate bench --out bench-out
+
+# The GPU check (README, "GPU check") runs on a lent GPU machine with its own Python (CUDA torch,
+# Triton, numba and pytest preinstalled, no network), never in .venv. `make gpu-wheels`, on a machine
+# with network, downloads what those machines lack for cp312 manylinux x86_64 into .gpu-wheels/
+# (carried next to the checkout, at most 64 MiB): xgrammar, hypothesis and exactly the packages they
+# import, one by one with --no-deps (so no torch or CUDA wheel is pulled), at the versions tested here.
+GPU_PYTHON ?= python3
+GPU_WHEELS_DIR ?= .gpu-wheels
+GPU_WHEELS := xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 pydantic==2.14.3 pydantic-core==2.50.4 \
+	annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 transformers==5.23.0 \
+	tokenizers==0.23.3 huggingface-hub==2.4.0 hf-xet==1.8.0 safetensors==0.8.0 regex==2026.11.15 \
+	pyyaml==6.0.3 tqdm==4.70.1 filelock==4.2.11 fsspec==2026.9.0 packaging==26.3 httpx2==2.16.2 \
+	httpcore2==2.16.2 h11==0.16.0 anyio==4.16.0 idna==3.20 typer==0.29.2 click==8.5.1 rich==15.0.0 \
+	markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.21.0 shellingham==1.5.4 annotated-doc==0.0.7 \
+	truststore==0.10.5 hypothesis==6.170.15 sortedcontainers==2.4.0
+
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--abi cp312 --abi abi3 --abi none --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 -d $(GPU_WHEELS_DIR) $(GPU_WHEELS)
+	@size=$$(du -sm $(GPU_WHEELS_DIR) | cut -f1); echo "$(GPU_WHEELS_DIR): $$size MiB"; \
+		test $$size -le 64 || { echo "over the 64 MiB budget"; exit 1; }
+
+gpu-check:
+	$(GPU_PYTHON) scripts/gpu_check.py --wheels $(GPU_WHEELS_DIR) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) bench-out .pytest_cache .hypothesis
