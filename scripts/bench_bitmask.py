@@ -21,6 +21,7 @@ import torch
 
 import logitgate
 from logitgate.backends.reference import apply_token_bitmask_reference, pack_bitmask
+from logitgate.backends.cpu.threads import set_thread_cap
 from logitgate.cli.bench_harness import Progress, emit, plot_bars, round_robin
 
 SHAPES = [(1, 32000), (8, 128256), (64, 128256), (256, 151936)]
@@ -55,7 +56,9 @@ def first_call_seconds() -> dict[str, float]:
 def numba_threads() -> int:
     import numba
 
-    return numba.get_num_threads()
+    from logitgate.backends.cpu.threads import thread_cap
+
+    return min(numba.get_num_threads(), thread_cap())  # what the kernels use
 
 
 def bench_shape(rows: int, vocab: int, density: float, dtype: torch.dtype, repeats: int) -> dict:
@@ -89,7 +92,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--dtypes", default="float32", help="comma-separated logits dtypes (float32, float16, bfloat16)")
     parser.add_argument(
-        "--threads", type=int, help="torch and numba threads (default: all cores); 1 gives steadier numbers on a loaded machine"
+        "--threads", type=int, help="torch and numba threads (default: torch's own; the numba kernels use the idle cores, "
+        "README 'Threads'); 1 gives steadier numbers on a loaded machine"
     )
     parser.add_argument("--out")
     parser.add_argument("--plot")
@@ -102,6 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         torch.set_num_threads(args.threads)
         numba.set_num_threads(args.threads)
+        set_thread_cap(args.threads)  # an explicit choice is not capped
     cases = [(r, v, d, dt) for dt in dtypes for r, v in shapes for d in DENSITIES]
     progress = Progress(len(cases) + 1, "bitmask")
     progress.step("first call in a fresh process (numba compile, then cache load)")

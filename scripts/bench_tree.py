@@ -27,6 +27,7 @@ import torch
 
 import logitgate
 from logitgate import TreeDFA
+from logitgate.backends.cpu.threads import set_thread_cap
 from logitgate.cli.bench_harness import Progress, emit, plot_bars, time_runs
 
 START, END = 1, 2
@@ -234,6 +235,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+    set_thread_cap(args.threads)  # an explicit choice is not capped
     repeats = 9 if args.quick else args.repeats
     xgr_n = args.xgrammar_items if args.xgrammar_items is not None else (300 if args.quick else 2000)
     compile_entries = args.compile_entries or (100_000 if args.quick else 1_000_000)

@@ -142,6 +142,7 @@ IMPL_COLOURS = {
     "torch_masked_fill": "#ff7f0e", "multinomial": "#ff7f0e", "baseline": "#ff7f0e", "one_by_one": "#ff7f0e",
     "exponential_trick": "#9467bd", "sort_reference": "#2ca02c", "vllm_torch": "#e377c2",
     "rtp_style_greedy": "#ff7f0e", "rtp_style_constrain": "#ff7f0e", "hf_greedy": "#2ca02c",
+    "one_thread": "#1f5fbf", "all_cores": "#d62728", "default": "#2ca02c",
 }
 _FALLBACK_COLOURS = ["#17becf", "#bcbd22", "#7f7f7f", "#8c564b", "#e377c2", "#9467bd"]
 
@@ -160,6 +161,7 @@ IMPL_LABELS = {
     "vllm_torch": "vLLM's algorithm in torch",
     "rtp_style_greedy": "RTP-LLM style + argmax", "rtp_style_constrain": "RTP-LLM style (host mask)",
     "hf_greedy": "HF PrefixConstrained + argmax",
+    "one_thread": "1 thread", "all_cores": "all cores", "default": "logitgate's default (idle cores)",
 }
 
 
@@ -188,7 +190,9 @@ def thread_label() -> str:
 
     threads = f"torch {torch.get_num_threads()} threads"
     if "numba" in sys.modules:
-        threads += f", numba {sys.modules['numba'].get_num_threads()}"
+        from ..backends.cpu.threads import thread_cap
+
+        threads += f", numba kernels {min(sys.modules['numba'].get_num_threads(), thread_cap())}"
     return threads
 
 
@@ -214,7 +218,7 @@ def plot_bars(
 
     impls = [name.removesuffix("_ms") for name in impls]
     impls = [name for name in impls if any(row.get(f"{name}_ms") for row in rows)]
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.3 * len(rows) * max(1, len(impls)) / 2 + 3), 5))
+    fig, ax = plt.subplots(figsize=(min(16.0, max(7.0, 0.65 * len(rows) * max(1, len(impls)) + 3)), 5))
     width = 0.8 / max(1, len(impls))
     any_noisy = False
     for i, name in enumerate(impls):
@@ -240,7 +244,9 @@ def plot_bars(
     ax.set_ylabel(ylabel)
     ax.grid(axis="y", which="both", alpha=0.3)
     ax.set_title(f"{title}\n{machine_label()}; {subtitle or thread_label()}", fontsize=9)
-    handles, labels = ax.get_legend_handles_labels()
+    # Plain swatches: a legend entry must not inherit the hatch of whichever bar came first.
+    handles = [Patch(facecolor=impl_colour(name)) for name in impls]
+    labels = [impl_label(name) for name in impls]
     if any_noisy:
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="//"))
         labels.append(f"noisy (IQR > {NOISY_SPREAD:.0%} of median)")

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ..backends import ENV_VAR, get_backend
+from ..backends.cpu import threads as cpu_threads
 from ..decode.generate import GenerationResult, Request, generate
 from ..models import demo_prompt, demo_tokenizer, load_catalog, load_demo_models, load_tree_config
 from ..sampling.params import SamplingParams
@@ -128,7 +129,7 @@ def demo_environment(device: str | None, threads: int | None) -> Iterator[None]:
 
     hf_logging = transformers.utils.logging
     saved_env = os.environ.get(ENV_VAR)
-    saved_threads = torch.get_num_threads(), numba.get_num_threads()
+    saved_threads = torch.get_num_threads(), numba.get_num_threads(), cpu_threads._cap
     saved_verbosity = hf_logging.get_verbosity()
     saved_bars = hf_logging.is_progress_bar_enabled()
     if device is not None:
@@ -136,6 +137,7 @@ def demo_environment(device: str | None, threads: int | None) -> Iterator[None]:
     if threads is not None:
         torch.set_num_threads(threads)
         numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        cpu_threads.set_thread_cap(threads)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
@@ -147,6 +149,7 @@ def demo_environment(device: str | None, threads: int | None) -> Iterator[None]:
             os.environ[ENV_VAR] = saved_env
         torch.set_num_threads(saved_threads[0])
         numba.set_num_threads(saved_threads[1])
+        cpu_threads.set_thread_cap(saved_threads[2])
         hf_logging.set_verbosity(saved_verbosity)
         if saved_bars:
             hf_logging.enable_progress_bar()
@@ -434,24 +437,31 @@ def run_demo(
     quick: bool = False,
     seed: int = 0,
     threads: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run every configuration of CONFIGS and return the report (JSON-serialisable): setup, runs with
     their outputs and statistics, the validity check and timings. `threads` (torch and numba) defaults
     to 1 for the embedded model — its matrices and batches are tiny, so more threads only add
-    synchronisation, which costs 3-10x per step on a shared 2-core machine — and to the libraries'
-    own settings for a --model."""
+    synchronisation, which costs 3-10x per step on a shared 2-core machine — and for a --model to the
+    idle cores (safe_thread_count: all cores fall off a cliff on a loaded host). `progress(line)`
+    receives a line per phase (loading, warm-up, each run) with the seconds since the start."""
     if draft_model is not None and model is None:
         raise ValueError("--draft-model needs --model (the embedded model brings its own draft)")
     started = time.perf_counter()
+    say = _phase_reporter(progress, started)
     backend = get_backend(device)
-    if threads is None and model is None:
-        threads = 1
+    if threads is None:
+        threads = 1 if model is None else cpu_threads.safe_thread_count()
     with demo_environment(device, threads):
+        say(f"loading {'the embedded models' if model is None else repr(model)} and the tree on {backend.name} "
+            f"({threads} thread{'s' if threads != 1 else ''})")
         if model is None:
             setup = _embedded_setup(backend, tree, quick)
         else:
             setup = _model_setup(backend, model, draft_model, tree, quick)
         loaded = time.perf_counter()
+        say(f"loaded in {loaded - started:.1f} s; warm-up: numba kernels (compiled on a first run, then cached), "
+            "the JSON schema, one short run per configuration")
         manager = StructuredOutputManager(
             setup.tokenizer_info, vocab_size=setup.vocab_size, num_speculative_tokens=NUM_SPECULATIVE_TOKENS
         )
@@ -461,9 +471,12 @@ def run_demo(
             for config in CONFIGS:
                 _generate(setup, config, manager, seed, limit=1, max_tokens=3)
             warmed = time.perf_counter()
+            say(f"warm-up done in {warmed - loaded:.1f} s")
             runs: list[dict[str, Any]] = []
-            for config in CONFIGS:
-                runs.append(_run_record(setup, config, *_generate(setup, config, manager, seed), runs))
+            for i, config in enumerate(CONFIGS):
+                hints, result, wall = _generate(setup, config, manager, seed)
+                runs.append(_run_record(setup, config, hints, result, wall, runs))
+                say(f"run {i + 1}/{len(CONFIGS)} {config.name}: {len(hints)} prompts in {wall:.1f} s")
         finally:
             manager.close()
         finished = time.perf_counter()
@@ -489,6 +502,13 @@ def run_demo(
             "load": loaded - started, "warmup": warmed - loaded, "runs": finished - warmed, "total": finished - started
         },
     }
+
+
+def _phase_reporter(progress: Callable[[str], None] | None, started: float) -> Callable[[str], None]:
+    """progress(line) with the seconds since the start, or nothing (the library never prints)."""
+    if progress is None:
+        return lambda message: None
+    return lambda message: progress(f"[demo {time.perf_counter() - started:5.1f} s] {message}")
 
 
 def _check(runs: list[dict[str, Any]]) -> dict[str, Any]:

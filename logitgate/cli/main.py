@@ -20,9 +20,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
     from .demo_report import format_report
 
+    # A line per phase on a terminal (stderr): never mixed into --json unless asked for.
+    show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.json)
     data = run_demo(
         device=args.device, tree=args.tree, model=args.model, draft_model=args.draft_model,
         quick=args.quick, seed=args.seed, threads=args.threads,
+        progress=(lambda line: print(line, file=sys.stderr, flush=True)) if show else None,
     )
     print(json.dumps(data, indent=2) if args.json else format_report(data))
     return 0 if data["check"]["all_constrained_valid"] else 1
@@ -42,6 +45,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 1 if any("error" in entry for entry in summary.values()) else 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="logitgate", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -56,7 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--draft-model", default=None, metavar="DIR", help="a draft model for --model (default: n-gram drafts)")
     demo.add_argument("--quick", action="store_true", help="fewer prompts")
     demo.add_argument("--seed", type=int, default=0, help="seed of the sampled runs")
-    demo.add_argument("--threads", type=int, default=None, help="torch and numba threads (default: 1 for the embedded model)")
+    demo.add_argument("--threads", type=_positive_int, default=None, metavar="N",
+                      help="torch and numba threads (default: 1 for the embedded model; for --model the idle cores, "
+                      "i.e. cores minus the load average, or LOGITGATE_THREADS)")
+    demo.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                      help="a line per phase (loading, warm-up, each run) with timings on stderr "
+                      "(default: on when stderr is a terminal and --json is not given)")
     demo.add_argument("--json", action="store_true", help="machine-readable output: the whole report as one object")
     demo.set_defaults(func=_cmd_demo)
     bench = sub.add_parser("bench", help="run the benchmark scripts, print one table per benchmark")

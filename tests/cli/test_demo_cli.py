@@ -16,16 +16,61 @@ from logitgate.models import catalog_prefix_dict, demo_tokenizer, load_catalog
 USER_NAMES = ["Europe/Berlin", "Europe/Warsaw", "Asia/Tokyo", "America/Chicago"]
 
 
-def run_json(*args: str) -> dict:
+PHASES = {}  # stderr of the module's demo run
+
+
+def run_json(*args: str, stderr: io.StringIO | None = None) -> dict:
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(stderr or io.StringIO()):
         assert main(["demo", "--json", "--quick", *args]) == 0
-    return json.loads(out.getvalue())
+    return json.loads(out.getvalue())  # nothing but the JSON object on stdout
 
 
 @pytest.fixture(scope="module")
 def report():
-    return run_json()
+    err = io.StringIO()
+    data = run_json("--progress", stderr=err)
+    PHASES["stderr"] = err.getvalue()
+    return data
+
+
+def test_progress_lines_per_phase_on_stderr_never_in_the_json(report):
+    lines = PHASES["stderr"].splitlines()
+    assert lines[0].startswith("[demo ") and "loading the embedded models" in lines[0] and "1 thread)" in lines[0]
+    assert "warm-up: numba kernels" in lines[1] and "warm-up done in" in lines[2]
+    runs = [line for line in lines if "] run " in line]
+    assert len(runs) == len(CONFIGS) and runs[-1].split("] ")[1].startswith(f"run {len(CONFIGS)}/{len(CONFIGS)} ")
+    assert all(line.rstrip().endswith(" s") for line in runs)  # each with its time
+    assert "[demo" not in json.dumps(report)
+
+
+@pytest.mark.parametrize(
+    "argv, tty, shown",
+    [([], True, True), ([], False, False), (["--json"], True, False), (["--json", "--progress"], False, True),
+     (["--no-progress"], True, False)],
+)
+def test_progress_only_on_a_terminal_or_when_asked(monkeypatch, argv, tty, shown):
+    import logitgate.cli.demo as demo_module
+    import logitgate.cli.demo_report as report_module
+
+    seen = {}
+
+    def fake_run_demo(**kwargs):
+        seen["progress"] = kwargs["progress"]
+        return {"check": {"all_constrained_valid": True}}
+
+    monkeypatch.setattr(demo_module, "run_demo", fake_run_demo)
+    monkeypatch.setattr(report_module, "format_report", lambda data: "report")
+    monkeypatch.setattr("sys.stderr.isatty", lambda: tty, raising=False)
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["demo", *argv]) == 0
+    assert (seen["progress"] is not None) == shown
+
+
+def test_threads_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        main(["demo", "--threads", "0"])
+    assert "expected a positive integer, got '0'" in capsys.readouterr().err
 
 
 @pytest.fixture

@@ -2,6 +2,8 @@
 (rejection sampling)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import rejection_kernels
@@ -9,6 +11,20 @@ from ..base import NOISE_UNIFORM, Backend, Capabilities, SamplingNoise
 from .bitmask_kernels import apply_token_bitmask_cpu
 from .sampling_kernels import apply_top_k_cpu, apply_top_p_cpu, inverse_cdf_sample_cpu
 from ..reference import draw_uniforms
+from .threads import numba_thread_cap, thread_cap
+
+
+def _capped(method):
+    """Run a kernel entry point with at most thread_cap() numba threads: the cores idle when first
+    asked (or LOGITGATE_THREADS, or --threads); all cores on a loaded host make every parallel
+    region wait for descheduled threads (threads.py)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with numba_thread_cap(thread_cap()):
+            return method(self, *args, **kwargs)
+
+    return run
 
 
 class CpuBackend(Backend):
@@ -33,12 +49,15 @@ class CpuBackend(Backend):
             "top_k_top_p": "numba (top-k: k-element heap, or bucket selection for k > 512; top-p: 4096-bucket probability histogram, one bucket sorted)",
         }
 
+    @_capped
     def apply_token_bitmask(self, logits, bitmask, rows, vocab_size) -> None:
         apply_token_bitmask_cpu(logits, bitmask, rows, vocab_size)
 
+    @_capped
     def rejection_greedy_accept(self, cu_num_draft_tokens, draft_token_ids, target_logits, active):
         return rejection_kernels.greedy_accept_cpu(cu_num_draft_tokens, draft_token_ids, target_logits, active)
 
+    @_capped
     def rejection_random_accept(
         self, cu_num_draft_tokens, draft_token_ids, target_logits, temperature, draft_probs, uniform, active
     ):
@@ -46,6 +65,7 @@ class CpuBackend(Backend):
             cu_num_draft_tokens, draft_token_ids, target_logits, temperature, draft_probs, uniform, active
         )
 
+    @_capped
     def rejection_recover(
         self, cu_num_draft_tokens, draft_token_ids, target_logits, temperature, draft_probs, accepted, row_lse, noise, active
     ):
@@ -61,11 +81,13 @@ class CpuBackend(Backend):
     def draw_sampling_noise(self, batch_size, vocab_size, generators) -> SamplingNoise:
         return SamplingNoise(NOISE_UNIFORM, draw_uniforms(batch_size, generators, self.device))
 
+    @_capped
     def random_sample(self, probs, generators, noise) -> torch.Tensor:
         if noise is None:
             noise = self.draw_sampling_noise(probs.shape[0], probs.shape[1], generators)
         return inverse_cdf_sample_cpu(probs, noise.values)
 
+    @_capped
     def apply_top_k_top_p(self, logits, k, p, max_top_k) -> torch.Tensor:
         if k is not None:
             apply_top_k_cpu(logits, k)
