@@ -132,16 +132,17 @@ def emit(result: dict[str, Any], out: str | None) -> None:
 
 # ---- plots ----------------------------------------------------------------------------------------
 
-# One colour per implementation in every plot (logitgate's are blues, floors grey, baselines warm).
+# One colour per implementation in every plot, no two implementations alike: logitgate's are blues,
+# floors greys, each baseline its own colour.
 IMPL_COLOURS = {
-    "logitgate": "#1f5fbf", "logitgate_seeded": "#5b8fd9", "logitgate_dense_constrain": "#1f5fbf",
-    "logitgate_dense_greedy": "#1f5fbf", "logitgate_sparse_greedy": "#00a0c8", "logitgate_advance": "#5b8fd9",
+    "logitgate": "#1f5fbf", "logitgate_seeded": "#6fa0e6", "logitgate_dense_constrain": "#1f5fbf",
+    "logitgate_dense_greedy": "#1f5fbf", "logitgate_sparse_greedy": "#00a0c8", "logitgate_advance": "#6fa0e6",
     "manager": "#1f5fbf",
-    "memcpy": "#8c8c8c", "copy": "#8c8c8c", "clone": "#8c8c8c", "softmax_floor": "#8c8c8c", "one_read_floor": "#8c8c8c",
+    "memcpy": "#8c8c8c", "copy": "#8c8c8c", "clone": "#8c8c8c", "softmax_floor": "#5e5e5e", "one_read_floor": "#b0b0b0",
     "xgrammar": "#d62728", "xgrammar_cpu": "#d62728", "xgrammar_greedy": "#d62728", "xgrammar_constrain": "#d62728",
-    "torch_masked_fill": "#ff7f0e", "multinomial": "#ff7f0e", "baseline": "#ff7f0e", "one_by_one": "#ff7f0e",
+    "torch_masked_fill": "#ff7f0e", "multinomial": "#e6a000", "baseline": "#8c564b", "one_by_one": "#bcbd22",
     "exponential_trick": "#9467bd", "sort_reference": "#2ca02c", "vllm_torch": "#e377c2",
-    "rtp_style_greedy": "#ff7f0e", "rtp_style_constrain": "#ff7f0e", "hf_greedy": "#2ca02c",
+    "rtp_style_greedy": "#f0027f", "rtp_style_constrain": "#f0027f", "rtp_style_update": "#f0027f", "hf_greedy": "#a6761d",
     "one_thread": "#1f5fbf", "all_cores": "#d62728", "default": "#2ca02c",
 }
 _FALLBACK_COLOURS = ["#17becf", "#bcbd22", "#7f7f7f", "#8c564b", "#e377c2", "#9467bd"]
@@ -160,7 +161,7 @@ IMPL_LABELS = {
     "exponential_trick": "plain exponential trick", "sort_reference": "sort-based reference",
     "vllm_torch": "vLLM's algorithm in torch",
     "rtp_style_greedy": "RTP-LLM style + argmax", "rtp_style_constrain": "RTP-LLM style (host mask)",
-    "hf_greedy": "HF PrefixConstrained + argmax",
+    "hf_greedy": "HF PrefixConstrained + argmax", "rtp_style_update": "RTP-LLM style key update",
     "one_thread": "1 thread", "all_cores": "all cores", "default": "logitgate's default (idle cores)",
 }
 
@@ -188,11 +189,11 @@ def machine_label() -> str:
 def thread_label() -> str:
     import torch
 
-    threads = f"torch {torch.get_num_threads()} threads"
+    threads = f"torch threads: {torch.get_num_threads()}"
     if "numba" in sys.modules:
         from ..backends.cpu.threads import thread_cap
 
-        threads += f", numba kernels {min(sys.modules['numba'].get_num_threads(), thread_cap())}"
+        threads += f", numba kernel threads: {min(sys.modules['numba'].get_num_threads(), thread_cap())}"
     return threads
 
 
@@ -218,28 +219,20 @@ def plot_bars(
 
     impls = [name.removesuffix("_ms") for name in impls]
     impls = [name for name in impls if any(row.get(f"{name}_ms") for row in rows)]
-    fig, ax = plt.subplots(figsize=(min(16.0, max(7.0, 0.65 * len(rows) * max(1, len(impls)) + 3)), 5))
-    width = 0.8 / max(1, len(impls))
+    present = [[name for name in impls if row.get(f"{name}_ms")] for row in rows]
+    width = 0.8 / max(1, max(map(len, present), default=1))
+    fig, ax = plt.subplots(figsize=(min(16.0, max(7.0, 0.65 * sum(map(len, present)) + 3)), 5))
     any_noisy = False
-    for i, name in enumerate(impls):
-        xs, heights, low, high, hatches = [], [], [], [], []
-        for j, row in enumerate(rows):
-            value = row.get(f"{name}_ms")
-            if not value:
-                continue
-            xs.append(j + i * width)
-            heights.append(value)
-            low.append(value - row.get(f"{name}_ms_min", value))
-            high.append(row.get(f"{name}_ms_max", value) - value)
+    for j, (row, names) in enumerate(zip(rows, present)):
+        for k, name in enumerate(names):  # the group's bars side by side, centred on its tick
+            value = row[f"{name}_ms"]
             noisy = row.get(f"{name}_spread", 0.0) > NOISY_SPREAD
             any_noisy |= noisy
-            hatches.append("//" if noisy else "")
-        bars = ax.bar(xs, heights, width, color=impl_colour(name), label=impl_label(name),
-                      yerr=[low, high], capsize=2, ecolor="#333333", error_kw={"linewidth": 0.8})
-        for bar, hatch in zip(bars, hatches):
-            bar.set_hatch(hatch)
+            err = [[value - row.get(f"{name}_ms_min", value)], [row.get(f"{name}_ms_max", value) - value]]
+            ax.bar(j + (k - (len(names) - 1) / 2) * width, value, width, color=impl_colour(name), hatch="//" if noisy else "",
+                   yerr=err, capsize=2, ecolor="#333333", error_kw={"linewidth": 0.8})
     ax.set_yscale("log")
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))])
+    ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([str(row[label_key]) for row in rows], rotation=20, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)
     ax.grid(axis="y", which="both", alpha=0.3)
