@@ -102,28 +102,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ---- 0. environment and packages ------------------------------------------------------------------
 
 
-def ensure_packages(wheels: str | Path, needed: dict[str, str] = NEEDED) -> dict[str, str]:
-    """module -> "present" | "installed from <wheels>" | "missing: <why>". Installs the missing ones
-    with pip --no-index from `wheels` (no network on the GPU machines)."""
+def ensure_packages(wheels: str | Path, needed: dict[str, str] = NEEDED, site: Path | None = None) -> dict[str, str]:
+    """module -> "present" | "installed from <wheels>..." | "missing: <why>". Installs the missing ones
+    from `wheels` only (no network on the GPU machines): into the interpreter's environment with
+    pip --no-index; where that is refused (a read-only or externally managed Python), every wheel
+    with --no-deps --target `site` (.gpu-site/ next to the checkout), appended to sys.path and to the
+    tests' PYTHONPATH, so the machine's own packages (torch, triton) still come first."""
+    site = site or REPO / ".gpu-site"
     status = {m: "present" for m in needed if importlib.util.find_spec(m) is not None}
     missing = [m for m in needed if m not in status]
     if not missing:
         return status
     wheels = Path(wheels)
-    if not wheels.is_dir() or not any(wheels.glob("*.whl")):
+    wheel_files = sorted(wheels.glob("*.whl")) if wheels.is_dir() else []
+    if not wheel_files:
         for m in missing:
             status[m] = f"missing: no wheels in {wheels} (run `make gpu-wheels` on a machine with network)"
         return status
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels), *(needed[m] for m in missing)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index"]
+    proc = subprocess.run([*pip, "--find-links", str(wheels), *(needed[m] for m in missing)], capture_output=True, text=True)
+    how = f"installed from {wheels}"
+    if proc.returncode != 0:
+        proc = subprocess.run([*pip, "--no-deps", "--target", str(site), *map(str, wheel_files)], capture_output=True, text=True)
+        how = f"installed from {wheels} into {site}"
+        if proc.returncode == 0:
+            add_site(site)
     importlib.invalidate_caches()
     for m in missing:
         if proc.returncode == 0 and importlib.util.find_spec(m) is not None:
-            status[m] = f"installed from {wheels}"
+            status[m] = how
         else:
             tail = (proc.stderr.strip().splitlines() or [f"pip exit {proc.returncode}"])[-1]
             status[m] = f"missing: pip install failed: {tail}"
     return status
+
+
+def add_site(site: Path) -> None:
+    """Make packages installed into `site` importable here and in the test run, after the machine's own."""
+    if str(site) not in sys.path:
+        sys.path.append(str(site))
+    os.environ["LOGITGATE_GPU_SITE"] = str(site)
 
 
 def environment(device: str) -> dict[str, Any]:
@@ -526,7 +544,7 @@ def parse_junit(path: Path) -> dict[str, Any]:
 def run_tests(device: str, pytest_args: list[str], out: Path, timeout_s: float) -> dict[str, Any]:
     env = dict(os.environ, LOGITGATE_DEVICE=device, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     env.pop("TRITON_INTERPRET", None)  # native Triton
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH"), env.get("LOGITGATE_GPU_SITE")) if p)
     junit = out / "pytest.xml"
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *pytest_args]
     start = time.perf_counter()

@@ -56,11 +56,35 @@ def test_missing_packages_install_from_the_wheel_folder_only(gpu_check, tmp_path
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for surely-not-a-package")
 
     monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
-    status = gpu_check.ensure_packages(tmp_path, needed)
-    [cmd] = calls
+    monkeypatch.setenv("LOGITGATE_GPU_SITE", "")  # restored (removed) after the test
+    status = gpu_check.ensure_packages(tmp_path, needed, site=tmp_path / "site")
+    [cmd, fallback] = calls
     assert cmd[1:4] == ["-m", "pip", "install"] and "--no-index" in cmd
     assert cmd[cmd.index("--find-links") + 1] == str(tmp_path) and cmd[-1] == "surely-not-a-package" and "json" not in cmd
+    # Refused (e.g. an externally managed Python): every wheel, no deps, into a folder of its own.
+    assert "--no-index" in fallback and "--no-deps" in fallback
+    assert fallback[fallback.index("--target") + 1] == str(tmp_path / "site") and fallback[-1] == str(tmp_path / "a-1.0-py3-none-any.whl")
     assert status["surely_not_a_module_xyz"] == "missing: pip install failed: ERROR: No matching distribution found for surely-not-a-package"
+
+
+def test_wheels_installed_into_a_site_folder_come_after_the_machines_packages(gpu_check, tmp_path, monkeypatch):
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "fakepkg_gpu_check-1.0-py3-none-any.whl").write_bytes(b"")
+    site = tmp_path / "site"
+
+    def fake_run(cmd, **kwargs):
+        if "--target" not in cmd:
+            return subprocess.CompletedProcess(cmd, 1, "", "error: externally-managed-environment")
+        site.mkdir()
+        (site / "fakepkg_gpu_check.py").write_text("")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("LOGITGATE_GPU_SITE", "")  # restored (removed) after the test
+    status = gpu_check.ensure_packages(tmp_path / "w", {"fakepkg_gpu_check": "fakepkg-gpu-check"}, site=site)
+    assert status == {"fakepkg_gpu_check": f"installed from {tmp_path / 'w'} into {site}"}
+    assert sys.path[-1] == str(site) and __import__("os").environ["LOGITGATE_GPU_SITE"] == str(site)
 
 
 def test_junit_counts_and_failures(gpu_check, tmp_path):
