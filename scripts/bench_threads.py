@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> dict:
     emit(result, args.out)
     if args.plot:
         plot_bars(rows, "case", ["one_thread", "all_cores", "default"], "1 thread vs all cores vs logitgate's default",
-                  args.plot, subtitle=f"threads {thread_counts}, load {load_before[0]:.1f} before")
+                  args.plot, subtitle=f"threads: all cores {thread_counts['all_cores']}, default {thread_counts['default']}; "
+                  f"load average {load_before[0]:.1f} at the start")
     return result
 
 

@@ -33,16 +33,20 @@ def test_readme_shell_commands_exist(line):
     import subprocess
     import sys
 
+    import os
+
     root = README.parent
+    # This checkout's logitgate, not another copy installed in the interpreter (a worktree).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
     words = line.split()
     if words[0] == "make":
         targets = re.findall(r"(?m)^([a-z][a-z-]*):", (root / "Makefile").read_text())
         assert words[1] in targets, f"README runs `make {words[1]}`, which the Makefile does not define"
     elif words[1:3] == ["-m", "logitgate"]:
-        out = subprocess.run([sys.executable, "-m", "logitgate", words[3], "--help"], capture_output=True, text=True, timeout=120)
+        out = subprocess.run([sys.executable, "-m", "logitgate", words[3], "--help"], capture_output=True, text=True, timeout=120, env=env)
         assert out.returncode == 0, out.stderr
     else:
         script = next(w for w in words if w.endswith(".py"))
         assert (root / script).is_file(), f"README runs {script}, which does not exist"
-        out = subprocess.run([sys.executable, str(root / script), "--help"], capture_output=True, text=True, timeout=120)
+        out = subprocess.run([sys.executable, str(root / script), "--help"], capture_output=True, text=True, timeout=120, env=env)
         assert out.returncode == 0, out.stderr

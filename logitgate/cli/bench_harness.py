@@ -16,6 +16,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 import zlib
 from collections.abc import Callable
@@ -236,7 +237,8 @@ def plot_bars(
     ax.set_xticklabels([str(row[label_key]) for row in rows], rotation=20, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)
     ax.grid(axis="y", which="both", alpha=0.3)
-    ax.set_title(f"{title}\n{machine_label()}; {subtitle or thread_label()}", fontsize=9)
+    heading = [title, f"{machine_label()}; {subtitle or thread_label()}"]
+    ax.set_title("\n".join(textwrap.fill(line, 90) for line in heading), fontsize=9)
     # Plain swatches: a legend entry must not inherit the hatch of whichever bar came first.
     handles = [Patch(facecolor=impl_colour(name)) for name in impls]
     labels = [impl_label(name) for name in impls]
@@ -246,5 +248,5 @@ def plot_bars(
     ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # nothing cut off: long titles, rotated labels
     plt.close(fig)
