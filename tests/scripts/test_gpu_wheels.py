@@ -1,0 +1,48 @@
+"""`make gpu-wheels` carries every package xgrammar and hypothesis import on the GPU machines
+(Python 3.12, Linux x86_64), except what those machines have preinstalled (torch, triton, numpy),
+at the versions installed here: a new dependency or version cannot silently break the offline run."""
+import importlib.metadata
+import re
+from pathlib import Path
+
+import pytest
+
+packaging_requirements = pytest.importorskip("packaging.requirements")
+
+MAKEFILE = Path(__file__).resolve().parents[2] / "Makefile"
+PREINSTALLED = {"torch", "triton", "numpy"}
+GPU_HOST = {"python_version": "3.12", "python_full_version": "3.12.0", "sys_platform": "linux", "platform_system": "Linux",
+            "platform_machine": "x86_64", "os_name": "posix", "implementation_name": "cpython", "extra": ""}
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def listed_wheels() -> dict[str, str]:
+    text = MAKEFILE.read_text().replace("\\\n", " ")
+    spec = re.search(r"^GPU_WHEELS := (.*)$", text, flags=re.M).group(1)
+    return dict((canonical(n), v) for n, v in (item.split("==") for item in spec.split()))
+
+
+def closure(roots: list[str]) -> set[str]:
+    seen, stack = set(), list(roots)
+    while stack:
+        name = canonical(stack.pop())
+        if name in seen or name in PREINSTALLED:
+            continue
+        seen.add(name)
+        for text in importlib.metadata.requires(name) or []:
+            req = packaging_requirements.Requirement(text)
+            if req.marker is None or req.marker.evaluate(GPU_HOST):
+                stack.append(req.name)
+    return seen
+
+
+def test_wheel_list_covers_what_xgrammar_and_hypothesis_import():
+    pytest.importorskip("xgrammar")
+    listed = listed_wheels()
+    needed = closure(["xgrammar", "hypothesis"])
+    assert needed - set(listed) == set(), "add these to GPU_WHEELS in the Makefile"
+    for name in needed:
+        assert listed[name] == importlib.metadata.version(name), f"GPU_WHEELS pins {name}=={listed[name]}, tested with another"
