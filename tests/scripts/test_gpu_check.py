@@ -158,3 +158,18 @@ def test_logitgate_bench_gpu_runs_the_check(monkeypatch, capsys):
     assert kw["env"]["PYTHONPATH"].split(":")[0] == str(SCRIPT.parents[1])  # this checkout's logitgate
     assert main(["bench", "--gpu", "--only", "bitmask"]) == 2
     assert "--only does not apply to --gpu" in capsys.readouterr().err
+
+
+def test_vllm_sampling_baseline_draws_only_what_the_reference_keeps(gpu_check):
+    import torch
+
+    from bench_sampling import vllm_top_k_top_p_sample  # scripts/ is on the path once gpu_check is loaded
+    from logitgate.backends.reference import apply_top_k_top_p_reference
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 200, generator=g) * 3
+    for k, p in ((torch.full((6,), 5), None), (None, torch.full((6,), 0.6)), (torch.full((6,), 20), torch.full((6,), 0.8))):
+        kept = torch.isfinite(apply_top_k_top_p_reference(logits.clone(), k, p))
+        for _ in range(20):
+            tokens = vllm_top_k_top_p_sample(logits.clone(), k, p)
+            assert kept.gather(1, tokens.unsqueeze(1)).all()
