@@ -10,9 +10,10 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError  # not the builtin before 3.11
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -63,6 +64,10 @@ class _Request:
     reasoning_ended: bool = False
     reasoning_log: list[int] = field(default_factory=list)  # marker progress before each reasoning token
     grammar_tokens: int = 0  # tokens the grammar accepted (the ones after the reasoning span)
+    # Guards the grammar and the reasoning fields: a grammar engine's matcher is not thread-safe, and
+    # an async scheduler may overlap two steps over the same requests. One lock per request, so
+    # calls over unrelated requests never wait for each other.
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def constrained(self) -> bool:
@@ -324,6 +329,11 @@ class StructuredOutputManager:
         False, with no state change, if the grammar rejects any of them."""
         req = self._ready(request_id)
         ids = self._check_tokens(request_id, tokens)
+        with req.lock:
+            return self._accept_locked(req, ids)
+
+    def _accept_locked(self, req: _Request, ids: list[int]) -> bool:
+        request_id = req.request_id
         befores, for_grammar, progress = self._split_reasoning(req, ids)
         if for_grammar:
             if not req.grammar.accept_tokens(for_grammar):
@@ -342,17 +352,24 @@ class StructuredOutputManager:
         req = self._ready(request_id)
         ids = [int(t) for t in tokens]
         end = next((i for i, t in enumerate(ids) if not 0 <= t < self.vocab_size), len(ids))
-        befores, for_grammar, _ = self._split_reasoning(req, ids[:end])
-        if not for_grammar:
-            return ids[: len(befores)]
-        return ids[: len(befores)] + req.grammar.validate_tokens(for_grammar)
+        with req.lock:
+            befores, for_grammar, _ = self._split_reasoning(req, ids[:end])
+            if not for_grammar:
+                return ids[: len(befores)]
+            return ids[: len(befores)] + req.grammar.validate_tokens(for_grammar)
 
     def rollback(self, request_id: str, num_tokens: int) -> None:
         """Undo the last `num_tokens` accepted tokens, the reasoning span included."""
         req = self._ready(request_id)
+        with req.lock:
+            self._rollback_locked(req, num_tokens)
+
+    def _rollback_locked(self, req: _Request, num_tokens: int) -> None:
         total = req.grammar_tokens + len(req.reasoning_log)
         if not 0 <= num_tokens <= total:
-            raise ValueError(f"cannot roll back {num_tokens} tokens of request {request_id!r}: only {total} were accepted")
+            raise ValueError(
+                f"cannot roll back {num_tokens} tokens of request {req.request_id!r}: only {total} were accepted"
+            )
         from_grammar = min(num_tokens, req.grammar_tokens)
         if from_grammar:
             req.grammar.rollback(from_grammar)
@@ -365,7 +382,8 @@ class StructuredOutputManager:
 
     def is_terminated(self, request_id: str) -> bool:
         req = self._ready(request_id)
-        return req.constrained and req.grammar.is_terminated()
+        with req.lock:
+            return req.constrained and req.grammar.is_terminated()
 
     def reasoning_ended(self, request_id: str) -> bool:
         """True once the request's output passed the reasoning end marker (always True without one)."""
@@ -426,6 +444,13 @@ class StructuredOutputManager:
         drafts = self._drafts_for(request_ids, spec_tokens)
         reqs = [self._ready(r) for r in request_ids]
         bitmask = _host_bitmask(sum(1 + len(d) for d in drafts), self.vocab_size)
+        # The walk advances and rolls back every grammar of the batch: hold their locks throughout,
+        # so a concurrent call over the same requests never sees (or steps) a half-walked grammar.
+        with _holding(reqs):
+            self._fill_batch(reqs, drafts, bitmask)
+        return bitmask
+
+    def _fill_batch(self, reqs: list[_Request], drafts: list[list[int]], bitmask: torch.Tensor) -> None:
         # Walks grouped by engine, so each depth is one batched fill and one batched accept per engine.
         groups: dict[int, tuple[GrammarBackend, list[_DraftWalk]]] = {}
         row = 0
@@ -444,7 +469,6 @@ class StructuredOutputManager:
                     backend.rollback_batch([w.grammar for w in advanced], [w.advanced for w in advanced])
         for source, start, end in repeats:
             bitmask[start:end] = bitmask[source]
-        return bitmask
 
     def _walk_drafts(
         self, backend: GrammarBackend, walks: list[_DraftWalk], bitmask: torch.Tensor, repeats: list[tuple[int, int, int]]
@@ -509,6 +533,16 @@ class StructuredOutputManager:
             f"<StructuredOutputManager V={self.vocab_size} requests={len(self._requests)} "
             f"engines={sorted(self._backends)} spec={self.num_speculative_tokens}>"
         )
+
+
+@contextmanager
+def _holding(reqs: Sequence[_Request]) -> Iterator[None]:
+    """Hold the locks of `reqs`, taken in request-id order so that two calls over overlapping
+    batches cannot deadlock."""
+    with ExitStack() as stack:
+        for req in sorted(reqs, key=lambda r: r.request_id):
+            stack.enter_context(req.lock)
+        yield
 
 
 def _reusable(future: Future) -> bool:
