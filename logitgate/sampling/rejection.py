@@ -20,7 +20,7 @@ import torch
 
 from ..backends import Backend, backend_for_tensor
 from ..backends.reference import rejection_output_reference, tempered_logits
-from .ops import as_generator_dict
+from .ops import as_generator_dict, check_top_p_values
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def rejection_sample(
     be = backend_for_tensor(batch.target_logits, backend)
     temperature, has_greedy, has_random = _check_temperature(temperature, batch.batch_size, device)
     top_k = _check_per_request("top_k", top_k, batch.batch_size, device, integer=True)
-    top_p = _check_per_request("top_p", top_p, batch.batch_size, device, integer=False)
+    top_p = _check_per_request("top_p", top_p, batch.batch_size, device, integer=False, check_values=check_top_p_values)
     num_tokens = batch.draft_token_ids.numel()
     if num_tokens == 0 or not has_random:
         return _verify(be, batch, None, None, None, None, None)[0]
@@ -307,7 +307,7 @@ def _check_temperature(temperature, batch_size: int, device: torch.device) -> tu
     return temperature.to(device=device, dtype=torch.float32, non_blocking=True), has_greedy, has_random
 
 
-def _check_per_request(name: str, value, batch_size: int, device: torch.device, *, integer: bool):
+def _check_per_request(name: str, value, batch_size: int, device: torch.device, *, integer: bool, check_values=None):
     if value is None:
         return None
     if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.numel() != batch_size:
@@ -316,6 +316,8 @@ def _check_per_request(name: str, value, batch_size: int, device: torch.device, 
         raise ValueError(f"{name} must be an {'integer' if integer else 'float'} tensor, got {value.dtype}")
     if value.device.type != "cpu" and value.device != device:
         raise ValueError(f"{name} is on {value.device} but target_logits on {device}")
+    if check_values is not None:
+        check_values(value, name)  # before the copy to the device: reading host values is free
     return value.to(device, non_blocking=True)
 
 

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "structured"))
+for _shared in ("structured", "sampling"):  # vocab_helpers, sampling_helpers
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", _shared))
 
 from vocab_helpers import EOS, VOCAB, VOCAB_SIZE, xgr  # noqa: E402
 
