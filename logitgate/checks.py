@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["as_index", "as_positive_int", "as_token_id", "is_integer"]
+__all__ = ["as_index", "as_positive_int", "as_token_id", "is_integer", "short_repr"]
 
 
 def is_integer(value: Any) -> bool:
@@ -28,23 +28,23 @@ def as_token_id(value: Any, vocab_size: int | None = None, where: str = "") -> i
     """`value` as a token id in [0, vocab_size); ValueError "token id <value><where> ..." (where:
     e.g. " in row 3" or " of request 'a'")."""
     if not is_integer(value):
-        raise ValueError(f"token id {_short(value)}{where} is not an integer")
+        raise ValueError(f"token id {short_repr(value)}{where} is not an integer")
     bound = vocab_size if vocab_size is not None else 2**31
     if not 0 <= value < bound:
-        raise ValueError(f"token id {_short(value)}{where} is outside the vocabulary [0, {bound})")
+        raise ValueError(f"token id {short_repr(value)}{where} is outside the vocabulary [0, {bound})")
     return int(value)
 
 
 def as_index(value: Any, what: str, limit: int) -> int:
     """`value` as a row index in [0, limit); negative indices are not wrapped."""
     if not is_integer(value):
-        raise ValueError(f"{what} {_short(value)} is not an integer")
+        raise ValueError(f"{what} {short_repr(value)} is not an integer")
     if not 0 <= value < limit:
-        raise ValueError(f"{what} {_short(value)} is outside [0, {limit})")
+        raise ValueError(f"{what} {short_repr(value)} is outside [0, {limit})")
     return int(value)
 
 
-def _short(value: Any) -> str:
+def short_repr(value: Any) -> str:
     """repr, cut short. A huge int is described, not printed: str() of one with more than 4300
     digits raises in Python >= 3.11."""
     if is_integer(value) and abs(int(value)) > 10**40:

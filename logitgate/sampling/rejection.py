@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ..backends import Backend, backend_for_tensor
+from ..checks import is_integer
 from ..backends.reference import rejection_output_reference, tempered_logits
 from .ops import as_generator_dict, check_top_p_values
 
@@ -220,13 +221,13 @@ def check_num_draft_tokens(num_draft_tokens: Sequence[int] | torch.Tensor) -> li
     else:
         counts = list(num_draft_tokens)
     for request, count in enumerate(counts):
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        if not is_integer(count) or count < 0:
             raise ValueError(f"num_draft_tokens[{request}] = {count!r} is not a non-negative int")
         if count > MAX_SPEC_LEN:
             raise ValueError(
                 f"request {request} has {count} draft tokens; the maximum speculative length is {MAX_SPEC_LEN}"
             )
-    return counts
+    return [int(c) for c in counts]
 
 
 def _check_batch(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids, draft_probs) -> _Batch:

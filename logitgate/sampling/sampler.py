@@ -141,6 +141,11 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         ops.check_logits(logits)
+        if metadata.max_num_logprobs is not None and metadata.max_num_logprobs > logits.shape[-1]:
+            raise ValueError(
+                f"logprobs={metadata.max_num_logprobs} asks for more log-probabilities than the "
+                f"{logits.shape[-1]} logits per row (SamplingParams.verify(vocab_size) catches it per request)"
+            )
         raw_logprobs = None
         if metadata.max_num_logprobs is not None and self.logprobs_mode == "raw_logprobs":
             raw_logprobs = compute_logprobs(logits)

@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError  # not the builtin before 3.11
 from contextlib import ExitStack, contextmanager
@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..backends.reference import num_bitmask_words
+from ..checks import as_positive_int, as_token_id, is_integer, short_repr
 from .grammar import Grammar, GrammarBackend
 from .params import StructuredOutputsParams
 from .reasoning import EndMarker
@@ -117,9 +118,8 @@ class StructuredOutputManager:
         enable_in_reasoning: bool = False,
         compile_cache_size: int = 1024,
     ) -> None:
-        if not isinstance(vocab_size, int) or vocab_size <= 0:
-            raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
-        if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 0:
+        vocab_size = as_positive_int(vocab_size, "vocab_size")
+        if not is_integer(num_speculative_tokens) or num_speculative_tokens < 0:
             raise ValueError(f"num_speculative_tokens must be a non-negative int, got {num_speculative_tokens!r}")
         if max_workers is not None and max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
@@ -303,11 +303,10 @@ class StructuredOutputManager:
     # ---- token checks ----
 
     def _check_tokens(self, request_id: str, tokens: Sequence[int], *, allow_padding: bool = False) -> list[int]:
-        ids = [int(t) for t in tokens]
-        for t in ids:
-            if not (0 <= t < self.vocab_size or (allow_padding and t == -1)):
-                raise ValueError(f"token id {t} of request {request_id!r} is outside the vocabulary [0, {self.vocab_size})")
-        return ids
+        where = f" of request {request_id!r}"
+        if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
+            raise ValueError(f"tokens{where} must be a list of token ids, got {type(tokens).__name__}")
+        return [-1 if allow_padding and is_integer(t) and t == -1 else as_token_id(t, self.vocab_size, where) for t in tokens]
 
     def _split_reasoning(self, req: _Request, tokens: list[int]) -> tuple[list[int], list[int], int]:
         """(progress before each reasoning token, the tokens for the grammar, marker progress after)."""
@@ -350,7 +349,7 @@ class StructuredOutputManager:
         """The longest prefix of `tokens` the request would accept; no state change. Tokens in the
         reasoning span are all valid; a token id outside the vocabulary ends the prefix."""
         req = self._ready(request_id)
-        ids = [int(t) for t in tokens]
+        ids = [_integer_id(t, request_id) for t in tokens]
         end = next((i for i, t in enumerate(ids) if not 0 <= t < self.vocab_size), len(ids))
         with req.lock:
             befores, for_grammar, _ = self._split_reasoning(req, ids[:end])
@@ -396,7 +395,7 @@ class StructuredOutputManager:
         pass through unchanged."""
         out: dict[str, list[int]] = {}
         for request_id, drafts in spec_tokens.items():
-            ids = [int(t) for t in drafts]
+            ids = [_integer_id(t, request_id) for t in drafts]
             with self._lock:
                 structured = request_id in self._requests
             if not structured:
@@ -533,6 +532,13 @@ class StructuredOutputManager:
             f"<StructuredOutputManager V={self.vocab_size} requests={len(self._requests)} "
             f"engines={sorted(self._backends)} spec={self.num_speculative_tokens}>"
         )
+
+
+def _integer_id(value: Any, request_id: str) -> int:
+    """A token id that may lie outside the vocabulary (it then ends a valid prefix), but is an integer."""
+    if not is_integer(value):
+        raise ValueError(f"token id {short_repr(value)} of request {request_id!r} is not an integer")
+    return int(value)
 
 
 @contextmanager

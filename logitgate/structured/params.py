@@ -71,11 +71,10 @@ class StructuredOutputsParams:
             raise ValueError(f"json must be a JSON schema as a dict or a JSON string, got {type(value).__name__}")
         if kind == "structural_tag" and not isinstance(value, (str, Mapping)):
             raise ValueError(f"structural_tag must be a dict or a JSON string, got {type(value).__name__}")
-        if kind in ("prefix_dict", "token_trie"):
-            if not isinstance(value, (str, Mapping, os.PathLike)):
-                raise ValueError(f"{kind} must be a dict, a JSON string or a path, got {type(value).__name__}")
-            if _is_path(value) and not os.path.isfile(value):
-                raise ValueError(f"{kind} file {os.fspath(value)!r} does not exist (or is not a file)")
+        # A path is read when the constraint compiles (params may be built where the file is not):
+        # a missing or malformed file fails that request with an error naming the file.
+        if kind in ("prefix_dict", "token_trie") and not isinstance(value, (str, Mapping, os.PathLike)):
+            raise ValueError(f"{kind} must be a dict, a JSON string or a path, got {type(value).__name__}")
         if kind == "choice":
             if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
                 raise ValueError(f"choice must be a non-empty list of strings, got {value!r}")
@@ -126,11 +125,6 @@ class StructuredOutputsParams:
 
     def __hash__(self) -> int:
         return hash((self.cache_key(), self.enable_in_reasoning))
-
-
-def _is_path(value: Any) -> bool:
-    """A path, as the tree loaders tell one from a JSON string: PathLike, or text not starting with { or [."""
-    return isinstance(value, os.PathLike) or (isinstance(value, str) and value.lstrip()[:1] not in ("{", "["))
 
 
 def load_token_trie_payload(value: Any) -> dict[str, Any]:

@@ -47,8 +47,9 @@ def test_token_trie_file_in_the_hugging_face_processor(trie_file, form):
 
 
 def test_bad_token_trie_sources_are_clear_errors(tmp_path):
-    with pytest.raises(ValueError, match=r"token_trie file '.*missing.json' does not exist"):
-        StructuredOutputsParams(token_trie=str(tmp_path / "missing.json"), end_token_id=1)
+    missing = StructuredOutputsParams(token_trie=str(tmp_path / "missing.json"), end_token_id=1)
+    with pytest.raises(ValueError, match=r"token_trie payload file '.*missing.json' does not exist"):
+        missing.spec
     scalar = tmp_path / "scalar.json"
     scalar.write_text("42")
     with pytest.raises(ValueError, match="must be a JSON object, got int"):
@@ -59,5 +60,7 @@ def test_bad_token_trie_sources_are_clear_errors(tmp_path):
         manager.add_request("b", StructuredOutputsParams(token_trie=str(broken)))
         assert manager.wait("b") is RequestStatus.FAILED
         assert "broken.json" in manager.error("b") and "is not valid JSON" in manager.error("b")
+        manager.add_request("m", StructuredOutputsParams(token_trie=tmp_path / "missing.json"))
+        assert manager.wait("m") is RequestStatus.FAILED and "missing.json' does not exist" in manager.error("m")
         manager.add_request("e", StructuredOutputsParams(token_trie={**PAYLOAD, "end_token_id": 1.5}))
         assert manager.wait("e") is RequestStatus.FAILED and "end_token_id" in manager.error("e")
