@@ -4,7 +4,9 @@ The rule (backends/reference.py): a random row whose logits hold a NaN or a +inf
 -inf, is sampled as its fallback token: the argmax with NaN ignored (first of ties), token 0 when
 nothing is left. The expected tokens here are computed with plain Python, not the reference.
 """
+import importlib.util
 import math
+import os
 
 import pytest
 import torch
@@ -14,6 +16,8 @@ from hypothesis import strategies as st
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, ops
 from logitgate.sampling.rejection import rejection_sample
 from sampling_helpers import interpreted_triton
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
 
 NAN, INF = float("nan"), float("inf")
 CORRUPTIONS = ["none", "all_nan", "one_nan", "all_neg_inf", "pos_inf", "two_pos_inf", "neg_inf_and_nan", "huge"]
@@ -65,9 +69,23 @@ def test_issue_repro_nan_row_with_top_p_on_the_npu_path():
 @settings(max_examples=25)
 @given(data=st.data())
 def test_sampler_rows_without_a_distribution_give_the_fallback_token(backend, data):
-    small = interpreted_triton(backend)
-    rows = data.draw(st.integers(1, 3 if small else 6))
-    vocab = data.draw(st.integers(1, 40 if small else 90))
+    if interpreted_triton(backend):
+        pytest.skip("the interpreted Triton kernels have their own, smaller test")
+    check_sampler_rows(backend, data, max_rows=6, max_vocab=90)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="needs TRITON_INTERPRET=1 and triton")
+@settings(max_examples=6)
+@given(data=st.data())
+def test_sampler_rows_without_a_distribution_give_the_fallback_token_interpreted_triton(data):
+    from logitgate.backends.emulated import EmulatedNpuBackend
+
+    check_sampler_rows(EmulatedNpuBackend(triton_ascend=True, vector_cores=4), data, max_rows=3, max_vocab=40)
+
+
+def check_sampler_rows(backend, data, *, max_rows, max_vocab):
+    rows = data.draw(st.integers(1, max_rows))
+    vocab = data.draw(st.integers(1, max_vocab))
     logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(data.draw(st.integers(0, 2**16))))
     params = []
     for r in range(rows):
