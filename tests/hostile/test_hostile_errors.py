@@ -1,6 +1,5 @@
 """Unclear errors turned into clear ones (issue 13 items 8 and 9): each bad input gets a ValueError
 (exit status 2 on the command line) naming the file, key, row or token, and changes nothing."""
-import json
 
 import numpy as np
 import pytest
