@@ -175,7 +175,16 @@ class Backend(ABC):
             noise = self.draw_sampling_noise(probs.shape[0], probs.shape[1], generators)
         self.wait_event(noise.event)
         self.claim_on_current_stream(noise.values)
-        return exponential_race(probs, noise.values)
+        sampled = exponential_race(probs, noise.values)
+        undefined = reference.undefined_prob_rows(probs)
+        fallback = self.undefined_row_fallback(probs, undefined)
+        return sampled if fallback is None else torch.where(undefined, fallback, sampled)
+
+    def undefined_row_fallback(self, scores: torch.Tensor, undefined: torch.Tensor) -> torch.Tensor | None:
+        """int64 (B,): the fallback token of each row (meaningful where `undefined`, see
+        reference.py), or None when the backend can tell for free that no row is undefined. Default:
+        computed for every row, without a host sync."""
+        return reference.fallback_tokens(scores)
 
     def apply_top_k_top_p(
         self, logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None, max_top_k: int | None

@@ -183,9 +183,11 @@ def rejection_random_accept_reference(
 
     Draft x at row i is accepted while x is in [0, V), draft_p > 0, target_p > 0 and
     target_p / draft_p >= uniform[i], where target_p = softmax(logits_i / T_i)[x] and draft_p =
-    draft_probs[i, x] (1 without draft probs: an n-gram draft is a point mass). row_lse is the
-    logsumexp of the tempered logits at the first rejected row (0 when none / inactive), which
-    `rejection_recover` needs to normalise that row without another pass."""
+    draft_probs[i, x] (1 without draft probs: an n-gram draft is a point mass). A row without a
+    distribution (its logsumexp is not finite: a NaN, a +inf, all -inf) is a point mass on its
+    fallback token (target_p 1 there, 0 elsewhere). row_lse is the logsumexp of the tempered logits
+    at the first rejected row (0 when none / inactive), which `rejection_recover` needs to
+    normalise that row without another pass."""
     num_tokens, vocab = target_logits.shape
     z = tempered_logits(target_logits, temperature)
     lse = z.logsumexp(-1)
@@ -193,6 +195,7 @@ def rejection_random_accept_reference(
     valid = (ids >= 0) & (ids < vocab)
     safe = ids.clamp(0, vocab - 1).unsqueeze(-1)
     target_p = (z.gather(-1, safe).squeeze(-1) - lse).exp().double()
+    target_p = torch.where(torch.isfinite(lse), target_p, (ids == fallback_tokens(z)).double())
     draft_p = torch.ones_like(target_p) if draft_probs is None else draft_probs.gather(-1, safe).squeeze(-1).double()
     ok = valid & (draft_p > 0) & (target_p > 0) & (target_p / draft_p >= uniform)
     accepted = leading_true_counts(ok, cu_num_draft_tokens)
@@ -215,8 +218,8 @@ def recovery_weights_reference(
 
     weights = max(target - draft, 0) with draft probs; the target without the draft token for an
     n-gram draft; the target itself for a placeholder (there was no draft to correct). NaN counts as
-    0. When nothing is left (target == draft, or a NaN row) the target is used, and an all-zero
-    target leaves all-zero weights, which the samplers turn into token 0."""
+    0. When nothing is left (target == draft) the target is used. A row without a distribution
+    (row_lse not finite) weighs only its fallback token."""
     num_tokens, vocab = target_logits.shape
     rows, needed = _rows_at(cu_num_draft_tokens, accepted, num_tokens)
     if active is not None:
@@ -235,7 +238,9 @@ def recovery_weights_reference(
         residual = target - draft_probs[rows].float()
     residual = torch.where(valid & (residual > 0), residual, torch.where(valid, 0.0, target))
     empty = ~(residual.sum(-1, keepdim=True) > 0)
-    return needed, torch.where(empty, target, residual)
+    weights = torch.where(empty, target, residual)
+    point = torch.arange(vocab, device=z.device) == fallback_tokens(z).unsqueeze(-1)
+    return needed, torch.where(torch.isfinite(row_lse).unsqueeze(-1), weights, point.to(weights.dtype))
 
 
 def rejection_recover_inverse_cdf_reference(needed: torch.Tensor, weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
@@ -284,7 +289,38 @@ def rejection_output_reference(
 #   value are all kept, as in vLLM); k <= 0 or k >= V leaves the row alone.
 # - top-p keeps every token whose probability mass strictly above it, sum(p_j for p_j > p_i), is
 #   < top_p, where p = softmax of the (top-k filtered) logits; the most likely token is always kept,
-#   tied tokens are kept or removed together, and top_p >= 1 leaves the row alone.
+#   tied tokens are kept or removed together, and top_p >= 1 (or NaN) leaves the row alone. The
+#   public functions reject top_p <= 0 where they can see it without a host sync; a device tensor
+#   that slips through behaves as the smallest positive top_p (only the most likely tokens stay).
+#
+# Rows without a distribution (shared by every backend): a random row whose logits hold a NaN or a
+# +inf, or no value above -inf, has no defined softmax. Such a row is sampled as a point mass on its
+# fallback token: the argmax of the row with NaN ignored (a +inf wins; first of ties), token 0 when
+# every value is NaN or -inf. The same holds for a probability row whose total is not a finite
+# positive number, and for rejection sampling's target rows (a draft is accepted exactly when it is
+# the fallback token, which is also the recovered token). Greedy rows keep torch.argmax (vLLM's: a
+# NaN counts as the maximum).
+
+
+def undefined_logit_rows(logits: torch.Tensor, temperature: torch.Tensor | None = None) -> torch.Tensor:
+    """bool (B,): rows of logits / temperature with no defined softmax (a NaN, a +inf, or nothing
+    above -inf); one reduction, no host sync. The peak divided by the temperature is the peak of the
+    tempered row (division by a positive number is monotonic), so no tempered copy is needed."""
+    peak = logits.amax(dim=-1).to(torch.float32)
+    if temperature is not None:
+        peak = peak / temperature.to(torch.float32)
+    return ~torch.isfinite(peak)
+
+
+def undefined_prob_rows(probs: torch.Tensor) -> torch.Tensor:
+    """bool (B,): probability rows whose total is not a finite positive number (a NaN, an inf, all 0)."""
+    total = probs.sum(dim=-1, dtype=torch.float32)
+    return ~(torch.isfinite(total) & (total > 0))
+
+
+def fallback_tokens(scores: torch.Tensor) -> torch.Tensor:
+    """int64 (B,): each row's argmax with NaN ignored (first of ties), 0 for a row of NaN / -inf."""
+    return scores.masked_fill(torch.isnan(scores), float("-inf")).argmax(dim=-1)
 
 
 def top_k_disabled(k: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -327,9 +363,10 @@ def top_p_threshold(sorted_probs: torch.Tensor, p: torch.Tensor) -> torch.Tensor
     positions = torch.arange(sorted_probs.shape[-1], device=sorted_probs.device)
     group_start = torch.where(first_of_tie, positions, 0).cummax(dim=-1).values
     keep = mass_above.gather(1, group_start) < p.to(torch.float64).unsqueeze(1)
-    # keep is a prefix of the sorted row and holds at least the top token (mass above it is 0).
-    threshold = sorted_probs.gather(1, keep.sum(dim=-1, keepdim=True) - 1)
-    return threshold.masked_fill_((p >= 1).unsqueeze(1), 0.0)
+    # keep is a prefix of the sorted row; the top token (mass above it is 0) stays even when
+    # p <= 0 or the row is NaN (then nothing compares below p).
+    threshold = sorted_probs.gather(1, keep.sum(dim=-1, keepdim=True).clamp_(min=1) - 1)
+    return threshold.masked_fill_(((p >= 1) | torch.isnan(p)).unsqueeze(1), 0.0)
 
 
 def exponential_race(probs: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -340,11 +377,15 @@ def exponential_race(probs: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def inverse_cdf_sample_reference(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draw: the first token whose cumulative probability exceeds u * total, with one
-    uniform u in [0, 1) per row (float64); zero-probability tokens are never chosen. int64 (B,)."""
+    uniform u in [0, 1) per row (float64); zero-probability tokens are never chosen; a row whose
+    total is not a finite positive number gives its fallback token. int64 (B,)."""
     cdf = probs.to(torch.float64).cumsum(dim=-1)
-    target = (u.to(torch.float64) * cdf[:, -1]).unsqueeze(1)
+    total = cdf[:, -1]
+    target = (u.to(torch.float64) * total).unsqueeze(1)
     index = torch.searchsorted(cdf, target, right=True).squeeze(1)
-    return index.clamp_(max=probs.shape[-1] - 1)
+    index = index.clamp_(max=probs.shape[-1] - 1)
+    undefined = ~(torch.isfinite(total) & (total > 0))
+    return torch.where(undefined, fallback_tokens(probs), index)
 
 
 def fill_exponential(q: torch.Tensor, generators: dict[int, torch.Generator] | None) -> torch.Tensor:
@@ -371,6 +412,7 @@ def draw_uniforms(batch_size: int, generators: dict[int, torch.Generator] | None
 
 
 def random_sample_reference(probs: torch.Tensor, generators: dict[int, torch.Generator] | None = None) -> torch.Tensor:
-    """An exact draw per row (the exponential trick with noise drawn now). int64 (B,)."""
+    """An exact draw per row (the exponential trick with noise drawn now); a row without a
+    distribution gives its fallback token. int64 (B,)."""
     q = fill_exponential(torch.empty(probs.shape, dtype=torch.float32, device=probs.device), generators)
-    return exponential_race(probs, q)
+    return torch.where(undefined_prob_rows(probs), fallback_tokens(probs), exponential_race(probs, q))

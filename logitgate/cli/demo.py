@@ -284,10 +284,13 @@ def _model_setup(backend: Any, model_dir: str, draft_dir: str | None, tree_path:
 
 
 def tree_output_check(tree: TreeDFA, token_ids: Sequence[int]) -> bool:
-    """True when `token_ids` is a complete path of the tree: no token leaves it, the end token ends it."""
+    """True when `token_ids` is a complete path of the tree: no token leaves it, the end token ends it
+    (and nothing follows it)."""
     state = tree.root
     try:
         for token in token_ids:
+            if tree.is_finished(state):  # a token after the end token: not a path of the tree
+                return False
             state = tree.step(state, token)
             if state == tree.error_state:
                 return False
@@ -525,6 +528,9 @@ def _check(runs: list[dict[str, Any]]) -> dict[str, Any]:
             same = [o["token_ids"] for o in r["outputs"]] == [o["token_ids"] for o in base["outputs"]]
             greedy_matches[r["name"]] = same
     return {
+        # The demo's verdict (exit status 1 when False): valid outputs, and greedy outputs that
+        # drafts and forced tokens did not change.
+        "ok": not invalid and all(greedy_matches.values()),
         "constrained_outputs": len(constrained),
         "tree_outputs": sum(1 for name, _ in constrained if by_name[name]["constraint"] == "tree"),
         "json_outputs": sum(1 for name, _ in constrained if by_name[name]["constraint"] == "json"),

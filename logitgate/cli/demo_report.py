@@ -99,6 +99,7 @@ def _section_json(report: dict[str, Any]) -> list[str]:
 def _section_check(report: dict[str, Any]) -> list[str]:
     check = report["check"]
     status = "OK" if check["all_constrained_valid"] else "FAILED"
+    differ = [name for name, same in check["greedy_speculative_matches_plain"].items() if not same]
     catalog = "catalog name and a " if report["tree"]["catalog_names"] is not None else ""
     lines = [
         f"Check: {check['valid']} of {check['constrained_outputs']} constrained outputs are valid "
@@ -107,6 +108,8 @@ def _section_check(report: dict[str, Any]) -> list[str]:
     ]
     for bad in check["invalid"]:
         lines.append(f"    INVALID {bad['run']} / {bad['hint']}: {bad['text']!r} {bad['problem'] or ''}")
+    if differ:
+        lines.append(f"Check: greedy outputs of {', '.join(differ)} differ from plain greedy -> FAILED")
     return lines
 
 

@@ -28,7 +28,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         progress=(lambda line: print(line, file=sys.stderr, flush=True)) if show else None,
     )
     print(json.dumps(data, indent=2) if args.json else format_report(data))
-    return 0 if data["check"]["all_constrained_valid"] else 1
+    return 0 if data["check"]["ok"] else 1
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

@@ -38,22 +38,26 @@ def inspect_file(
     from ..structured.tree_loaders import check_vocab_size, load_json, prefix_dict_problems
 
     check_vocab_size(vocab_size)
-    obj, _ = load_json(file, "tree file")
+    obj, _ = load_json(file, "tree")  # messages read "tree file '<path>' ..."
     if isinstance(obj, dict) and "prefix_dict" in obj:
         errors = prefix_dict_problems(obj, vocab_size)
         tree = _inspect_one(
             "prefix dict", errors, lambda cls: cls.from_prefix_dict(obj, vocab_size=vocab_size, device="cpu", cache=False)
         )
         return {"file": file, "format": "rtp-llm prefix dict", "trees": [tree]}
+    known = (isinstance(obj, dict) and "descriptors" in obj) or isinstance(obj, list)
+    if not known:
+        raise ValueError(
+            f"tree file {file!r} is neither a prefix-dict config, a TokenTreePayload nor a list of token sequences "
+            f"(it holds a JSON {type(obj).__name__})"
+        )
     if end_token_id is None:
         raise ValueError("token tries and sequence lists have no end token: pass --end-token-id")
-    if isinstance(obj, dict) and "descriptors" in obj:
+    if isinstance(obj, dict):
         return {"file": file, "format": "TokenTreePayload", "model_id": obj.get("modelId"),
                 "trees": _inspect_payload(obj, end_token_id, vocab_size, path)}
-    if isinstance(obj, list):
-        tree = _inspect_sequences("sequences", obj, None, end_token_id, vocab_size)
-        return {"file": file, "format": "token sequences", "trees": [tree]}
-    raise ValueError("tree file is neither a prefix-dict config, a TokenTreePayload nor a list of token sequences")
+    tree = _inspect_sequences("sequences", obj, None, end_token_id, vocab_size)
+    return {"file": file, "format": "token sequences", "trees": [tree]}
 
 
 def _inspect_payload(obj: dict, end_token_id: int, vocab_size: int | None, path: str | None) -> list[dict]:

@@ -245,11 +245,13 @@ def _propose(draft_model, active, stats, k, ngram, jump_forward, pad, device, vo
     num_forced = [len(d) for d in drafts]
     if ngram is not None:
         for q, d, budget in zip(active, drafts, budgets):
-            if d and d[-1] in q.stops:
-                continue  # nothing follows a stop token
+            if _ended(q, d):
+                continue  # nothing follows a stop token or the end of the constraint
             extra = _ngram_drafts(q.tokens + d, ngram, min(k, budget - len(d)))
-            if q.constraint is not None:
-                extra = extra[: q.constraint.valid_prefix(d + extra) - len(d)] if extra else extra
+            if q.constraint is not None and extra:
+                extra = extra[: q.constraint.valid_prefix(d + extra) - len(d)]
+                end = q.constraint.end_of(d + extra) if extra else None
+                extra = extra if end is None else extra[: end - len(d)]
             d.extend(extra)
         return drafts, num_forced, None
     if draft_model is None or k == 0:
@@ -258,7 +260,7 @@ def _propose(draft_model, active, stats, k, ngram, jump_forward, pad, device, vo
     for _ in range(k):
         rows = [
             i for i, (d, b) in enumerate(zip(drafts, budgets))
-            if len(d) < b and len(d) < num_forced[i] + k and not (d and d[-1] in active[i].stops)  # nothing follows a stop
+            if len(d) < b and len(d) < num_forced[i] + k and not _ended(active[i], d)
         ]
         if not rows:
             break
@@ -286,6 +288,13 @@ def _propose(draft_model, active, stats, k, ngram, jump_forward, pad, device, vo
             probs[i].append(_one_hot(tokens[j], vocab, device) if greedy[j] else q[j])
     flat = [p for per_seq in probs for p in per_seq]
     return drafts, num_forced, (torch.stack(flat) if flat else None)
+
+
+def _ended(q: _Seq, drafts: list[int]) -> bool:
+    """Whether nothing may follow `drafts`: they end with a stop token or finish the constraint."""
+    if not drafts:
+        return False
+    return drafts[-1] in q.stops or (q.constraint is not None and q.constraint.end_of(drafts) is not None)
 
 
 def _one_hot(token: int, vocab: int, device: torch.device) -> torch.Tensor:
@@ -322,7 +331,8 @@ def _step(model, draft_model, active, stats, sampler, k, ngram, jump_forward, pa
         stats.forced_tokens += min(forced, accepted_drafts)
         stats.proposed_drafts += len(d) - forced
         stats.accepted_drafts += max(0, accepted_drafts - forced)
-        kept = _keep(q, tokens)
+        end = q.constraint.end_of(tokens) if q.constraint is not None else None
+        kept = _keep(q, tokens if end is None else tokens[:end])  # nothing after the constraint's end
         stats.tokens += len(kept)
         if q.constraint is not None:
             q.constraint.accept(kept)

@@ -20,6 +20,7 @@ import torch
 
 from ..backends import Backend, backend_for_tensor, get_backend
 from ..backends.base import NOISE_EXPONENTIAL, NOISE_UNIFORM, SamplingNoise
+from ..backends.reference import undefined_logit_rows
 from .params import SAMPLING_EPS
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ __all__ = [
     "compute_probs",
     "draw_sampling_noise",
     "random_sample",
+    "undefined_row_fallback",
 ]
 
 Generators = Mapping[int, torch.Generator] | Sequence[torch.Generator | None] | None
@@ -82,6 +84,29 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill_(probs < threshold, float("-inf"))
 
 
+def check_top_p_values(p: torch.Tensor | None, name: str = "p") -> None:
+    """top_p <= 0 (or NaN) has no meaning: reject it where reading the values is free (a host
+    tensor); a device tensor is not read (that would be a sync) and behaves as documented in
+    backends/reference.py."""
+    if p is None or p.device.type != "cpu":
+        return
+    bad = (~(p > 0)).nonzero()
+    if bad.numel():
+        row = int(bad[0, 0])
+        raise ValueError(f"{name}[{row}] = {float(p[row])} is not a valid top_p: it must be in (0, 1] (1 keeps the row)")
+
+
+def undefined_row_fallback(
+    logits: torch.Tensor, temperature: torch.Tensor | None = None, *, backend: str | torch.device | Backend | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(undefined bool (B,), fallback int64 (B,) or None): the rows of logits / temperature that
+    have no distribution (a NaN, a +inf, nothing above -inf) and the token each of them is sampled
+    as (backends/reference.py: the argmax with NaN ignored, 0 when nothing is left). fallback is
+    None when the backend knows for free that every row is defined; no host sync on devices."""
+    undefined = undefined_logit_rows(logits, temperature)
+    return undefined, backend_for_tensor(logits, backend).undefined_row_fallback(logits, undefined)
+
+
 def apply_top_k_top_p(
     logits: torch.Tensor,
     k: torch.Tensor | None,
@@ -92,7 +117,8 @@ def apply_top_k_top_p(
 ) -> torch.Tensor:
     """In place: top-k, then top-p on the softmax of what top-k kept (vLLM's order).
 
-    k: int (B,), 0 / -1 / >= V keep the row; p: float (B,), 1 keeps the row. Ties at the cut
+    k: int (B,), 0 / -1 / >= V keep the row; p: float (B,) in (0, 1], 1 keeps the row (p <= 0 in a
+    host tensor raises ValueError). Ties at the cut
     are kept together. `max_top_k`, when the caller knows it on the host (SamplingMetadata does), is
     max(k) if every row has a top-k, and lets GPU/NPU backends use torch.topk instead of a sort.
     Semantics: backends/reference.py (the sort-based reference). Returns logits.
@@ -100,6 +126,7 @@ def apply_top_k_top_p(
     check_logits(logits)
     _check_rows(k, logits, "k", integer=True)
     _check_rows(p, logits, "p", integer=False)
+    check_top_p_values(p)
     if (k is None and p is None) or logits.shape[0] == 0:
         return logits
     chosen = backend_for_tensor(logits, backend)
@@ -196,7 +223,9 @@ def random_sample(
     noise: SamplingNoise | None = None,
 ) -> torch.Tensor:
     """int64 (B,): one exact draw from each row of probs (B, V) (non-negative; rows need not sum
-    to 1). Rows with a generator are reproducible for the same seed on the same backend.
+    to 1). Rows with a generator are reproducible for the same seed on the same backend. A row
+    whose total is not a finite positive number (NaN, inf, all 0) gives its argmax with NaN
+    ignored (token 0 when nothing is left), the same on every backend.
 
     GPU / NPU: the exponential trick argmax(p / q), q ~ Exp(1), with q drawn on the backend's side
     stream and waited for with an event (no host sync); CPU: an inverse-CDF draw with one uniform

@@ -12,12 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # One StructuredOutputsParams for the whole library: the structured-outputs manager consumes it.
+from ..checks import short_repr
 from ..structured.params import StructuredOutputsParams
 
 __all__ = ["SAMPLING_EPS", "SamplingParams", "SamplingType", "StructuredOutputsParams"]
 
 # Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): dividing by them overflows.
 SAMPLING_EPS = 1e-5
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 
 
 def _is_int(value: Any) -> bool:
@@ -74,8 +76,9 @@ class SamplingParams:
             raise ValueError(f"top_k must be an int: -1 or 0 (all tokens) or >= 1, got {self.top_k!r}")
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX - (self.n - 1)):
+            # torch.Generator.manual_seed takes [-2**63, 2**64); request sample s uses seed + s.
+            raise ValueError(f"seed must be an int in [{SEED_MIN}, {SEED_MAX - (self.n - 1)}] or None, got {short_repr(self.seed)}")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise ValueError(f"max_tokens must be an int >= 1 or None, got {self.max_tokens!r}")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
@@ -125,6 +128,8 @@ class SamplingParams:
         for token in self.logit_bias or {}:
             if token >= vocab_size:
                 raise ValueError(f"logit_bias has token id {token}, outside the vocabulary [0, {vocab_size})")
+        if self.logprobs is not None and self.logprobs > vocab_size:
+            raise ValueError(f"logprobs={self.logprobs} asks for more log-probabilities than the vocabulary has ({vocab_size})")
 
 
 def _token_id_list(values: Iterable[int] | None, name: str) -> list[int]:

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from ..backends import Backend, backend_for_tensor
+from ..checks import is_integer
 from ..backends.reference import rejection_output_reference, tempered_logits
-from .ops import as_generator_dict
+from .ops import as_generator_dict, check_top_p_values
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def rejection_sample(
     be = backend_for_tensor(batch.target_logits, backend)
     temperature, has_greedy, has_random = _check_temperature(temperature, batch.batch_size, device)
     top_k = _check_per_request("top_k", top_k, batch.batch_size, device, integer=True)
-    top_p = _check_per_request("top_p", top_p, batch.batch_size, device, integer=False)
+    top_p = _check_per_request("top_p", top_p, batch.batch_size, device, integer=False, check_values=check_top_p_values)
     num_tokens = batch.draft_token_ids.numel()
     if num_tokens == 0 or not has_random:
         return _verify(be, batch, None, None, None, None, None)[0]
@@ -220,13 +221,13 @@ def check_num_draft_tokens(num_draft_tokens: Sequence[int] | torch.Tensor) -> li
     else:
         counts = list(num_draft_tokens)
     for request, count in enumerate(counts):
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        if not is_integer(count) or count < 0:
             raise ValueError(f"num_draft_tokens[{request}] = {count!r} is not a non-negative int")
         if count > MAX_SPEC_LEN:
             raise ValueError(
                 f"request {request} has {count} draft tokens; the maximum speculative length is {MAX_SPEC_LEN}"
             )
-    return counts
+    return [int(c) for c in counts]
 
 
 def _check_batch(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids, draft_probs) -> _Batch:
@@ -307,7 +308,7 @@ def _check_temperature(temperature, batch_size: int, device: torch.device) -> tu
     return temperature.to(device=device, dtype=torch.float32, non_blocking=True), has_greedy, has_random
 
 
-def _check_per_request(name: str, value, batch_size: int, device: torch.device, *, integer: bool):
+def _check_per_request(name: str, value, batch_size: int, device: torch.device, *, integer: bool, check_values=None):
     if value is None:
         return None
     if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.numel() != batch_size:
@@ -316,6 +317,8 @@ def _check_per_request(name: str, value, batch_size: int, device: torch.device, 
         raise ValueError(f"{name} must be an {'integer' if integer else 'float'} tensor, got {value.dtype}")
     if value.device.type != "cpu" and value.device != device:
         raise ValueError(f"{name} is on {value.device} but target_logits on {device}")
+    if check_values is not None:
+        check_values(value, name)  # before the copy to the device: reading host values is free
     return value.to(device, non_blocking=True)
 
 

@@ -141,6 +141,11 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         ops.check_logits(logits)
+        if metadata.max_num_logprobs is not None and metadata.max_num_logprobs > logits.shape[-1]:
+            raise ValueError(
+                f"logprobs={metadata.max_num_logprobs} asks for more log-probabilities than the "
+                f"{logits.shape[-1]} logits per row (SamplingParams.verify(vocab_size) catches it per request)"
+            )
         raw_logprobs = None
         if metadata.max_num_logprobs is not None and self.logprobs_mode == "raw_logprobs":
             raw_logprobs = compute_logprobs(logits)
@@ -166,10 +171,16 @@ class Sampler:
         ops.apply_temperature(logits, metadata.temperature, all_random=metadata.all_random)
         for processor in metadata.logitsprocs.argmax_invariant:
             logits = processor.apply(logits)
+        # A row with a NaN, a +inf or nothing left above -inf has no distribution: it is sampled as
+        # its fallback token on every backend (backends/reference.py), and the filters below must
+        # not decide what it becomes.
+        undefined, fallback = ops.undefined_row_fallback(logits, backend=self.backend)
         logits = ops.apply_top_k_top_p(logits, metadata.top_k, metadata.top_p, max_top_k=metadata.max_top_k, backend=self.backend)
         processed = compute_logprobs(logits) if want_processed else None
         probs = ops.compute_probs(logits)
         sampled = ops.random_sample(probs, metadata.generators, backend=self.backend, noise=metadata.noise)
+        if fallback is not None:
+            sampled = torch.where(undefined, fallback, sampled)
         if greedy is not None:
             sampled = torch.where(metadata.temperature < SAMPLING_EPS, greedy, sampled)
         return sampled, processed

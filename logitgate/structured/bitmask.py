@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..backends import Backend, backend_for_tensor
 from ..backends.reference import num_bitmask_words, pack_bitmask, unpack_bitmask
+from ..checks import as_index, as_positive_int, as_token_id, is_integer
 
 __all__ = [
     "allocate_token_bitmask",
@@ -32,9 +34,10 @@ def get_bitmask_shape(batch_size: int, vocab_size: int) -> tuple[int, int]:
 
 def allocate_token_bitmask(batch_size: int, vocab_size: int, device: str | torch.device | None = None) -> torch.Tensor:
     """int32 (batch_size, ceil(vocab_size/32)), every token allowed (-1)."""
-    if batch_size < 0 or vocab_size <= 0:
-        raise ValueError(f"need batch_size >= 0 and vocab_size > 0, got batch_size={batch_size}, vocab_size={vocab_size}")
-    return torch.full(get_bitmask_shape(batch_size, vocab_size), -1, dtype=torch.int32, device=device)
+    if not is_integer(batch_size) or batch_size < 0:
+        raise ValueError(f"batch_size must be an integer >= 0, got {batch_size!r}")
+    vocab_size = as_positive_int(vocab_size, "vocab_size")
+    return torch.full(get_bitmask_shape(int(batch_size), vocab_size), -1, dtype=torch.int32, device=device)
 
 
 def reset_token_bitmask(bitmask: torch.Tensor) -> None:
@@ -43,16 +46,35 @@ def reset_token_bitmask(bitmask: torch.Tensor) -> None:
 
 
 def _check_token_ids(token_ids: Iterable[int], vocab_size: int, row: int | None = None) -> list[int]:
-    ids = [int(t) for t in token_ids]
-    for t in ids:
-        if not 0 <= t < vocab_size:
-            where = "" if row is None else f" in row {row}"
-            raise ValueError(f"token id {t}{where} is outside the vocabulary [0, {vocab_size})")
-    return ids
+    if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, Iterable):
+        raise ValueError(f"token ids{'' if row is None else f' of row {row}'} must be a list of ints, got {type(token_ids).__name__}")
+    where = "" if row is None else f" in row {row}"
+    return [as_token_id(t, vocab_size, where) for t in token_ids]
+
+
+def _check_bitmask(bitmask: Any, vocab_size: int) -> None:
+    if not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32 or bitmask.dim() != 2:
+        raise ValueError(f"bitmask must be a 2-D int32 tensor, got {_describe(bitmask)}")
+    words = num_bitmask_words(vocab_size)
+    if bitmask.shape[1] != words:
+        raise ValueError(
+            f"bitmask rows have {bitmask.shape[1]} words but vocab_size {vocab_size} needs {words} "
+            f"(ceil({vocab_size} / 32)); allocate it with allocate_token_bitmask(rows, {vocab_size})"
+        )
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} tensor of shape {tuple(value.shape)}"
+    return type(value).__name__
 
 
 def fill_bitmask_row(bitmask: torch.Tensor, row: int, token_ids: Iterable[int], vocab_size: int) -> None:
-    """Make row `row` allow exactly `token_ids`."""
+    """Make row `row` allow exactly `token_ids`. The bitmask must have ceil(vocab_size / 32) words
+    per row (ValueError otherwise, never a silently broadcast word)."""
+    vocab_size = as_positive_int(vocab_size, "vocab_size")
+    _check_bitmask(bitmask, vocab_size)
+    row = as_index(row, "row", bitmask.shape[0])
     ids = _check_token_ids(token_ids, vocab_size, row)
     allowed = torch.zeros(vocab_size, dtype=torch.bool)
     allowed[ids] = True
@@ -63,6 +85,7 @@ def bitmask_from_token_ids(
     rows: Sequence[Iterable[int]], vocab_size: int, device: str | torch.device | None = None
 ) -> torch.Tensor:
     """One bitmask row per entry of `rows`, allowing exactly the listed token ids."""
+    vocab_size = as_positive_int(vocab_size, "vocab_size")
     allowed = torch.zeros(len(rows), vocab_size, dtype=torch.bool)
     for r, token_ids in enumerate(rows):
         allowed[r, _check_token_ids(token_ids, vocab_size, r)] = True
@@ -71,6 +94,9 @@ def bitmask_from_token_ids(
 
 def token_ids_from_bitmask(bitmask: torch.Tensor, vocab_size: int) -> list[list[int]]:
     """The allowed token ids of each row, sorted (a 1-D bitmask is one row)."""
+    vocab_size = as_positive_int(vocab_size, "vocab_size")
+    if not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32 or bitmask.dim() not in (1, 2):
+        raise ValueError(f"bitmask must be a 1-D or 2-D int32 tensor, got {_describe(bitmask)}")
     rows = bitmask.reshape(-1, bitmask.shape[-1]).cpu()
     allowed = unpack_bitmask(rows, vocab_size)
     return [torch.nonzero(r).flatten().tolist() for r in allowed]
@@ -88,10 +114,7 @@ def _rows_tensor(indices, limit: int, device: torch.device) -> torch.Tensor:
                 bad = lo if lo < 0 else hi
                 raise ValueError(f"indices contains row {bad}, outside [0, {limit})")
         return rows
-    ids = [int(i) for i in indices]
-    for i in ids:
-        if not 0 <= i < limit:
-            raise ValueError(f"indices contains row {i}, outside [0, {limit})")
+    ids = [as_index(i, "indices row", limit) for i in indices]
     # Through numpy: torch.tensor(list) costs ~2.5 us, this ~1 us.
     return torch.from_numpy(np.array(ids, dtype=np.int64)).to(device, non_blocking=True)
 
@@ -136,8 +159,8 @@ def apply_token_bitmask_inplace(
                 stacklevel=2,
             )
         vocab_size = covered
-    elif not 0 < vocab_size <= covered:
-        raise ValueError(f"vocab_size {vocab_size} must be in (0, {covered}] (min of logits width and 32 * bitmask words)")
+    elif not is_integer(vocab_size) or not 0 < vocab_size <= covered:
+        raise ValueError(f"vocab_size {vocab_size!r} must be an integer in (0, {covered}] (min of logits width and 32 * bitmask words)")
     logits_rows = logits_shape[0] if logits_dim == 2 else 1
     bitmask_rows = bitmask_shape[0] if bitmask_dim == 2 else 1
     if indices is None:

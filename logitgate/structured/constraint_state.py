@@ -43,6 +43,16 @@ class TreeConstraint:
     def forced_tokens(self, max_len: int) -> list[int]:
         return self.tree.forced_tokens(self.state, max_len) if max_len > 0 else []
 
+    def end_of(self, tokens: Sequence[int]) -> int | None:
+        """How many of `tokens` lead up to and include the one that finishes the tree (0 when it is
+        already finished), or None when it does not finish within them. No state change."""
+        state = self.state
+        for i, token in enumerate(tokens):
+            if self.tree.is_finished(state):
+                return i
+            state = self.tree.step(state, token)
+        return len(tokens) if self.tree.is_finished(state) else None
+
     def is_terminated(self) -> bool:
         return self.tree.is_finished(self.state)
 
@@ -63,6 +73,19 @@ class GrammarConstraint:
 
     def forced_tokens(self, max_len: int) -> list[int]:
         return []
+
+    def end_of(self, tokens: Sequence[int]) -> int | None:
+        """As TreeConstraint.end_of. A grammar accepts nothing after its stop token, so it can only
+        end at the last token of the prefix it validates; that is checked by accepting the prefix
+        and rolling it back."""
+        manager, request_id = self.manager, self.request_id
+        prefix = manager.validate_tokens(request_id, list(tokens))
+        if prefix and manager.accept_tokens(request_id, prefix):
+            ended = manager.is_terminated(request_id)
+            manager.rollback(request_id, len(prefix))
+        else:
+            ended = manager.is_terminated(request_id)
+        return len(prefix) if ended else None
 
     def is_terminated(self) -> bool:
         return self.manager.is_terminated(self.request_id)

@@ -10,9 +10,10 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError  # not the builtin before 3.11
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from ..backends.reference import num_bitmask_words
+from ..checks import as_positive_int, as_token_id, is_integer, short_repr
 from .grammar import Grammar, GrammarBackend
 from .params import StructuredOutputsParams
 from .reasoning import EndMarker
@@ -63,6 +65,10 @@ class _Request:
     reasoning_ended: bool = False
     reasoning_log: list[int] = field(default_factory=list)  # marker progress before each reasoning token
     grammar_tokens: int = 0  # tokens the grammar accepted (the ones after the reasoning span)
+    # Guards the grammar and the reasoning fields: a grammar engine's matcher is not thread-safe, and
+    # an async scheduler may overlap two steps over the same requests. One lock per request, so
+    # calls over unrelated requests never wait for each other.
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def constrained(self) -> bool:
@@ -112,9 +118,8 @@ class StructuredOutputManager:
         enable_in_reasoning: bool = False,
         compile_cache_size: int = 1024,
     ) -> None:
-        if not isinstance(vocab_size, int) or vocab_size <= 0:
-            raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
-        if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 0:
+        vocab_size = as_positive_int(vocab_size, "vocab_size")
+        if not is_integer(num_speculative_tokens) or num_speculative_tokens < 0:
             raise ValueError(f"num_speculative_tokens must be a non-negative int, got {num_speculative_tokens!r}")
         if max_workers is not None and max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
@@ -298,11 +303,10 @@ class StructuredOutputManager:
     # ---- token checks ----
 
     def _check_tokens(self, request_id: str, tokens: Sequence[int], *, allow_padding: bool = False) -> list[int]:
-        ids = [int(t) for t in tokens]
-        for t in ids:
-            if not (0 <= t < self.vocab_size or (allow_padding and t == -1)):
-                raise ValueError(f"token id {t} of request {request_id!r} is outside the vocabulary [0, {self.vocab_size})")
-        return ids
+        where = f" of request {request_id!r}"
+        if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
+            raise ValueError(f"tokens{where} must be a list of token ids, got {type(tokens).__name__}")
+        return [-1 if allow_padding and is_integer(t) and t == -1 else as_token_id(t, self.vocab_size, where) for t in tokens]
 
     def _split_reasoning(self, req: _Request, tokens: list[int]) -> tuple[list[int], list[int], int]:
         """(progress before each reasoning token, the tokens for the grammar, marker progress after)."""
@@ -324,6 +328,11 @@ class StructuredOutputManager:
         False, with no state change, if the grammar rejects any of them."""
         req = self._ready(request_id)
         ids = self._check_tokens(request_id, tokens)
+        with req.lock:
+            return self._accept_locked(req, ids)
+
+    def _accept_locked(self, req: _Request, ids: list[int]) -> bool:
+        request_id = req.request_id
         befores, for_grammar, progress = self._split_reasoning(req, ids)
         if for_grammar:
             if not req.grammar.accept_tokens(for_grammar):
@@ -340,19 +349,26 @@ class StructuredOutputManager:
         """The longest prefix of `tokens` the request would accept; no state change. Tokens in the
         reasoning span are all valid; a token id outside the vocabulary ends the prefix."""
         req = self._ready(request_id)
-        ids = [int(t) for t in tokens]
+        ids = [_integer_id(t, request_id) for t in tokens]
         end = next((i for i, t in enumerate(ids) if not 0 <= t < self.vocab_size), len(ids))
-        befores, for_grammar, _ = self._split_reasoning(req, ids[:end])
-        if not for_grammar:
-            return ids[: len(befores)]
-        return ids[: len(befores)] + req.grammar.validate_tokens(for_grammar)
+        with req.lock:
+            befores, for_grammar, _ = self._split_reasoning(req, ids[:end])
+            if not for_grammar:
+                return ids[: len(befores)]
+            return ids[: len(befores)] + req.grammar.validate_tokens(for_grammar)
 
     def rollback(self, request_id: str, num_tokens: int) -> None:
         """Undo the last `num_tokens` accepted tokens, the reasoning span included."""
         req = self._ready(request_id)
+        with req.lock:
+            self._rollback_locked(req, num_tokens)
+
+    def _rollback_locked(self, req: _Request, num_tokens: int) -> None:
         total = req.grammar_tokens + len(req.reasoning_log)
         if not 0 <= num_tokens <= total:
-            raise ValueError(f"cannot roll back {num_tokens} tokens of request {request_id!r}: only {total} were accepted")
+            raise ValueError(
+                f"cannot roll back {num_tokens} tokens of request {req.request_id!r}: only {total} were accepted"
+            )
         from_grammar = min(num_tokens, req.grammar_tokens)
         if from_grammar:
             req.grammar.rollback(from_grammar)
@@ -365,7 +381,8 @@ class StructuredOutputManager:
 
     def is_terminated(self, request_id: str) -> bool:
         req = self._ready(request_id)
-        return req.constrained and req.grammar.is_terminated()
+        with req.lock:
+            return req.constrained and req.grammar.is_terminated()
 
     def reasoning_ended(self, request_id: str) -> bool:
         """True once the request's output passed the reasoning end marker (always True without one)."""
@@ -378,7 +395,7 @@ class StructuredOutputManager:
         pass through unchanged."""
         out: dict[str, list[int]] = {}
         for request_id, drafts in spec_tokens.items():
-            ids = [int(t) for t in drafts]
+            ids = [_integer_id(t, request_id) for t in drafts]
             with self._lock:
                 structured = request_id in self._requests
             if not structured:
@@ -426,6 +443,13 @@ class StructuredOutputManager:
         drafts = self._drafts_for(request_ids, spec_tokens)
         reqs = [self._ready(r) for r in request_ids]
         bitmask = _host_bitmask(sum(1 + len(d) for d in drafts), self.vocab_size)
+        # The walk advances and rolls back every grammar of the batch: hold their locks throughout,
+        # so a concurrent call over the same requests never sees (or steps) a half-walked grammar.
+        with _holding(reqs):
+            self._fill_batch(reqs, drafts, bitmask)
+        return bitmask
+
+    def _fill_batch(self, reqs: list[_Request], drafts: list[list[int]], bitmask: torch.Tensor) -> None:
         # Walks grouped by engine, so each depth is one batched fill and one batched accept per engine.
         groups: dict[int, tuple[GrammarBackend, list[_DraftWalk]]] = {}
         row = 0
@@ -444,7 +468,6 @@ class StructuredOutputManager:
                     backend.rollback_batch([w.grammar for w in advanced], [w.advanced for w in advanced])
         for source, start, end in repeats:
             bitmask[start:end] = bitmask[source]
-        return bitmask
 
     def _walk_drafts(
         self, backend: GrammarBackend, walks: list[_DraftWalk], bitmask: torch.Tensor, repeats: list[tuple[int, int, int]]
@@ -509,6 +532,23 @@ class StructuredOutputManager:
             f"<StructuredOutputManager V={self.vocab_size} requests={len(self._requests)} "
             f"engines={sorted(self._backends)} spec={self.num_speculative_tokens}>"
         )
+
+
+def _integer_id(value: Any, request_id: str) -> int:
+    """A token id that may lie outside the vocabulary (it then ends a valid prefix), but is an integer."""
+    if not is_integer(value):
+        raise ValueError(f"token id {short_repr(value)} of request {request_id!r} is not an integer")
+    return int(value)
+
+
+@contextmanager
+def _holding(reqs: Sequence[_Request]) -> Iterator[None]:
+    """Hold the locks of `reqs`, taken in request-id order so that two calls over overlapping
+    batches cannot deadlock."""
+    with ExitStack() as stack:
+        for req in sorted(reqs, key=lambda r: r.request_id):
+            stack.enter_context(req.lock)
+        yield
 
 
 def _reusable(future: Future) -> bool:

@@ -35,7 +35,7 @@ class StructuredOutputsParams:
     - ``choice``: the output is exactly one of these strings.
     - ``structural_tag``: an xgrammar structural tag (dict or JSON string).
     - ``prefix_dict``: an RTP-LLM prefix-dict config (path, JSON string or dict) for TreeDFA.
-    - ``token_trie``: a TokenTreePayload (JSON string or dict) for TreeDFA; its end token is
+    - ``token_trie``: a TokenTreePayload (path, JSON string or dict) for TreeDFA; its end token is
       ``end_token_id``, else the payload's top-level ``end_token_id``, else the tokenizer's first
       stop token.
     - ``disable_any_whitespace``: JSON without free whitespace (``json`` / ``json_object``).
@@ -71,6 +71,8 @@ class StructuredOutputsParams:
             raise ValueError(f"json must be a JSON schema as a dict or a JSON string, got {type(value).__name__}")
         if kind == "structural_tag" and not isinstance(value, (str, Mapping)):
             raise ValueError(f"structural_tag must be a dict or a JSON string, got {type(value).__name__}")
+        # A path is read when the constraint compiles (params may be built where the file is not):
+        # a missing or malformed file fails that request with an error naming the file.
         if kind in ("prefix_dict", "token_trie") and not isinstance(value, (str, Mapping, os.PathLike)):
             raise ValueError(f"{kind} must be a dict, a JSON string or a path, got {type(value).__name__}")
         if kind == "choice":
@@ -105,8 +107,7 @@ class StructuredOutputsParams:
         into the payload (where the tree backend reads it)."""
         value = self.value
         if self.kind == "token_trie" and self.end_token_id is not None:
-            payload = json.loads(value) if isinstance(value, str) else dict(value)
-            return {**payload, "end_token_id": self.end_token_id}
+            return {**load_token_trie_payload(value), "end_token_id": self.end_token_id}
         return value
 
     def cache_key(self) -> tuple[str, str, bool]:
@@ -124,6 +125,16 @@ class StructuredOutputsParams:
 
     def __hash__(self) -> int:
         return hash((self.cache_key(), self.enable_in_reasoning))
+
+
+def load_token_trie_payload(value: Any) -> dict[str, Any]:
+    """A token_trie payload (dict, JSON string or path) as a dict; ValueError naming the file."""
+    from .tree_loaders import load_json  # numpy only; kept out of this module's import
+
+    payload, _ = load_json(dict(value) if isinstance(value, Mapping) else value, "token_trie payload")
+    if not isinstance(payload, dict):
+        raise ValueError(f"a token_trie payload must be a JSON object, got {type(payload).__name__}")
+    return payload
 
 
 def _is_set(kind: str, value: Any) -> bool:

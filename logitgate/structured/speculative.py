@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ..backends import Backend
+from ..checks import is_integer, short_repr
 from .bitmask import apply_token_bitmask_inplace
 
 logger = logging.getLogger(__name__)
@@ -115,6 +116,10 @@ def apply_grammar_bitmask(
     apply_token_bitmask_inplace(logits, ordered, indices=indices, vocab_size=vocab_size, backend=backend)
 
 
+def _not_an_id(value: object) -> int:
+    raise ValueError(f"draft token {short_repr(value)} is not an integer token id")
+
+
 def strip_speculative_padding(
     spec_tokens: Mapping[str, Sequence[int]] | Sequence[Sequence[int]],
 ) -> dict[str, list[int]] | list[list[int]]:
@@ -122,7 +127,7 @@ def strip_speculative_padding(
     async schedulers leave), so only real drafts are scheduled and verified."""
 
     def strip(tokens: Sequence[int]) -> list[int]:
-        ids = [int(t) for t in tokens]
+        ids = [int(t) if is_integer(t) else _not_an_id(t) for t in tokens]
         return ids[: ids.index(-1)] if -1 in ids else ids
 
     if isinstance(spec_tokens, Mapping):

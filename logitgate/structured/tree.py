@@ -329,12 +329,22 @@ class TreeDFA:
             raise ValueError(f"{name} must be a 1-D int32/int64 tensor")
         if states.device != self.device:
             raise ValueError(f"{name} are on {states.device} but the tree is on {self.device}")
+        if name == "states" and states.device.type == "cpu" and not torch.equal(states.clamp(0, self.num_states - 1), states):
+            # Free on the host (a negative state would wrap to another one); on a device it would
+            # be a sync, so there states are the caller's responsibility.
+            bad = ((states < 0) | (states >= self.num_states)).nonzero()
+            if bad.numel():
+                row = int(bad[0, 0])
+                raise ValueError(
+                    f"states[{row}] = {int(states[row])} is not a state of this tree (0 <= state < {self.num_states})"
+                )
         return states
 
     def advance(self, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """New states after each row's token (same dtype as `states`). A beam that forks copies its
         parent's state (`states[parent_rows]`); nothing else is shared. Tokens outside the id range
-        lead to the error state. States must come from this tree (not checked: that would sync)."""
+        lead to the error state. States must come from this tree: checked on CPU (ValueError naming
+        the row), not on a device (that would sync; an invalid state there gives undefined rows)."""
         self._check_batch(states)
         self._check_batch(tokens, "tokens")
         if tokens.shape != states.shape:

@@ -7,7 +7,6 @@ on the host because the manager's bitmask lives there; a whole batch of rows is 
 """
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -15,7 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..checks import as_token_id
 from .grammar import BaseGrammarBackend, Grammar
+from .params import load_token_trie_payload
 from .registry import register_grammar_backend
 
 logger = logging.getLogger(__name__)
@@ -137,16 +138,15 @@ class TreeBackend(BaseGrammarBackend):
             config = dict(spec) if isinstance(spec, Mapping) else spec
             tree = TreeDFA.from_prefix_dict(config, vocab_size=self.vocab_size, device="cpu")
         else:
-            payload = dict(spec) if isinstance(spec, Mapping) else json.loads(spec)
+            payload = load_token_trie_payload(spec)  # a dict, a JSON string or a path
             end_token_id = payload.pop("end_token_id", self.default_end_token_id)
             if end_token_id is None:
                 raise ValueError(
                     "a token_trie constraint needs an end token: put end_token_id in the payload or give "
                     "the manager a tokenizer_info with stop tokens"
                 )
-            tree = TreeDFA.from_token_trie(
-                json.dumps(payload), end_token_id=int(end_token_id), vocab_size=self.vocab_size, device="cpu"
-            )
+            end_token_id = as_token_id(end_token_id, self.vocab_size, " (the token_trie's end_token_id)")
+            tree = TreeDFA.from_token_trie(payload, end_token_id=end_token_id, vocab_size=self.vocab_size, device="cpu")
         return TreeGrammar(_CompiledTree(tree))
 
     def fill_bitmasks(self, grammars: Sequence[Grammar], bitmask: torch.Tensor, rows: Sequence[int]) -> None:

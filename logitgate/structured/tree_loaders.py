@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ..checks import short_repr
+
 INT32_MAX = 2**31 - 1
 DEFAULT_SEP = "_"
 _KEY_DELIM = "\x00"  # joins keys for the vectorised parse; never valid inside a key
@@ -92,6 +94,10 @@ def parse_json_bytes(raw: bytes, where: str) -> Any:
         raise ValueError(f"{where} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except UnicodeDecodeError as exc:
         raise ValueError(f"{where} is not valid JSON: not UTF-8 text ({exc.reason})") from None
+    except RecursionError:
+        raise ValueError(f"{where} is nested too deeply to be a tree") from None
+    except ValueError as exc:  # e.g. a number of more than 4300 digits (Python's int limit)
+        raise ValueError(f"{where} cannot be read: {exc}") from None
 
 
 def load_json(source: Any, what: str) -> tuple[Any, bytes | None]:
@@ -127,6 +133,8 @@ def _key_part_problem(part: str, vocab_size: int | None) -> str | None:
     if len(part) > 1 and part[0] == "0":
         # RTP-LLM builds keys with std::to_string, so a key spelled like this is never looked up.
         return "is not written the way RTP-LLM writes token ids (leading zero), so the key can never match"
+    if len(part) > len(str(INT32_MAX)):  # before int(): Python refuses more than 4300 digits
+        return "exceeds the int32 range of token ids"
     return token_problem(int(part), vocab_size)
 
 
@@ -138,7 +146,7 @@ def check_vocab_size(vocab_size: int | None) -> None:
 def check_token_id(value: Any, name: str, vocab_size: int | None) -> int:
     problem = token_problem(value, vocab_size)
     if problem:
-        raise ValueError(f"{name} {value!r} {problem}")
+        raise ValueError(f"{name} {short_repr(value)} {problem}")
     return int(value)
 
 
@@ -191,14 +199,14 @@ def prefix_dict_problems(obj: Any, vocab_size: int | None = None, limit: int | N
             for part in key.split(sep):
                 problem = _key_part_problem(part, vocab_size)
                 if problem:
-                    problems.append(f"prefix_dict key {key!r}: part {part!r} {problem}")
+                    problems.append(f"prefix_dict key {short_repr(key) if len(key) > 200 else repr(key)}: part {short_repr(part)} {problem}")
         if not isinstance(cands, (list, tuple)):
             problems.append(f"prefix_dict key {key!r}: candidates must be a list of token ids, got {type(cands).__name__}")
             continue
         for cand in cands:
             problem = token_problem(cand, vocab_size)
             if problem:
-                problems.append(f"prefix_dict key {key!r}: candidate {cand!r} {problem}")
+                problems.append(f"prefix_dict key {key!r}: candidate {short_repr(cand)} {problem}")
     return problems[:limit] if limit is not None else problems
 
 
@@ -300,7 +308,7 @@ def sequence_problems(
         for pos, tok in enumerate(seq):
             problem = token_problem(tok, vocab_size)
             if problem:
-                problems.append(f"{where}: token {tok!r} at position {pos} {problem}")
+                problems.append(f"{where}: token {short_repr(tok)} at position {pos} {problem}")
             elif tok == end_token_id:
                 problems.append(
                     f"{where}: token {tok} at position {pos} is the end token; a sequence ends there implicitly"

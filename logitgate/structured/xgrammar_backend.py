@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,7 +21,12 @@ from .registry import register_grammar_backend
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["XGrammarBackend", "XGrammarGrammar"]
+__all__ = ["CACHE_LIMIT_ENV", "DEFAULT_CACHE_LIMIT_BYTES", "XGrammarBackend", "XGrammarGrammar"]
+
+# xgrammar's compiler cache is unbounded unless told otherwise: every distinct schema a server sees
+# stays in memory. Bounded by default, at vLLM's default (VLLM_XGRAMMAR_CACHE_MB=512).
+DEFAULT_CACHE_LIMIT_BYTES = 512 * 1024 * 1024
+CACHE_LIMIT_ENV = "LOGITGATE_XGRAMMAR_CACHE_MB"
 
 # "[12:00:00] /project/cpp/regex_converter.cc:83: " and "Check failed: (...) is false: " say nothing to a user.
 _LOCATION = re.compile(r"^\[[0-9:]+\]\s+\S+:\d+:\s*")
@@ -123,8 +129,10 @@ class XGrammarBackend(BaseGrammarBackend):
         vocab_size: int,
         compile_threads: int = 8,
         fill_threads: int | str = "auto",
-        cache_limit_bytes: int = -1,
+        cache_limit_bytes: int | None = None,
     ) -> None:
+        """cache_limit_bytes: the compiler cache's bound (least recently used grammars dropped
+        first); None: $LOGITGATE_XGRAMMAR_CACHE_MB megabytes if set, else 512 MB; -1: unbounded."""
         if tokenizer_info is None:
             raise ValueError(
                 "the xgrammar backend needs tokenizer_info (an xgrammar.TokenizerInfo, e.g. "
@@ -137,6 +145,7 @@ class XGrammarBackend(BaseGrammarBackend):
                 f"tokenizer_info.vocab_size is {tokenizer_info.vocab_size} but vocab_size is {vocab_size}; "
                 "build the TokenizerInfo with the model's (padded) vocab_size"
             )
+        cache_limit_bytes = resolve_cache_limit(cache_limit_bytes)
         super().__init__(vocab_size=vocab_size)
         self.tokenizer_info = tokenizer_info
         # Special and padding ids: xgrammar never accepts them (and warns when asked).
@@ -200,6 +209,26 @@ class XGrammarBackend(BaseGrammarBackend):
     def destroy(self) -> None:
         self.compiler.clear_cache()
         super().destroy()
+
+
+def resolve_cache_limit(cache_limit_bytes: int | None) -> int:
+    """The compiler cache bound in bytes: the argument, else the environment, else the default."""
+    if cache_limit_bytes is None:
+        raw = os.environ.get(CACHE_LIMIT_ENV)
+        if raw is None or not raw.strip():
+            return DEFAULT_CACHE_LIMIT_BYTES
+        try:
+            megabytes = int(raw)
+        except ValueError:
+            raise ValueError(f"{CACHE_LIMIT_ENV}={raw!r} is not an integer number of megabytes (-1: unbounded)") from None
+        if megabytes != -1 and megabytes <= 0:
+            raise ValueError(f"{CACHE_LIMIT_ENV}={raw!r} must be a positive number of megabytes or -1 (unbounded)")
+        return -1 if megabytes == -1 else megabytes * 1024 * 1024
+    if isinstance(cache_limit_bytes, bool) or not isinstance(cache_limit_bytes, int) or (
+        cache_limit_bytes != -1 and cache_limit_bytes <= 0
+    ):
+        raise ValueError(f"cache_limit_bytes must be a positive int or -1 (unbounded), got {cache_limit_bytes!r}")
+    return cache_limit_bytes
 
 
 def choice_ebnf(choices: Sequence[str]) -> str:

@@ -10,7 +10,7 @@ from . import rejection_kernels
 from ..base import NOISE_UNIFORM, Backend, Capabilities, SamplingNoise
 from .bitmask_kernels import apply_token_bitmask_cpu
 from .sampling_kernels import apply_top_k_cpu, apply_top_p_cpu, inverse_cdf_sample_cpu
-from ..reference import draw_uniforms
+from ..reference import draw_uniforms, fallback_tokens
 from .threads import numba_thread_cap, thread_cap
 
 
@@ -86,6 +86,11 @@ class CpuBackend(Backend):
         if noise is None:
             noise = self.draw_sampling_noise(probs.shape[0], probs.shape[1], generators)
         return inverse_cdf_sample_cpu(probs, noise.values)
+
+    def undefined_row_fallback(self, scores, undefined):
+        # Reading the flags back is free on the host, and saves a pass over the rows when (as
+        # always in practice) every row is defined.
+        return fallback_tokens(scores) if bool(undefined.any()) else None
 
     @_capped
     def apply_top_k_top_p(self, logits, k, p, max_top_k) -> torch.Tensor:

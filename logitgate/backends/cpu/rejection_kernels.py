@@ -75,6 +75,20 @@ def _row_argmax(row):  # pragma: no cover - jitted
     return 0
 
 
+@numba.njit(cache=True, nogil=True)
+def _row_fallback(row, temperature):  # pragma: no cover - jitted
+    """The fallback token of a row without a distribution (reference.fallback_tokens): the first
+    maximum of row / temperature with NaN ignored, 0 when nothing is above -inf."""
+    best = -np.inf
+    chosen = 0
+    for j in range(row.shape[0]):
+        z = row[j] / temperature
+        if z > best:
+            best = z
+            chosen = j
+    return chosen
+
+
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _greedy_accept_kernel(cu, drafts, logits, active, accepted, correction):  # pragma: no cover - jitted
     for r in numba.prange(cu.shape[0]):
@@ -110,7 +124,10 @@ def _random_accept_kernel(
             x = drafts[i]
             ok = False
             if 0 <= x < vocab:
-                target_p = math.exp(np.float64(logits[i, x] / temperature[i]) - lse)
+                if math.isfinite(lse):
+                    target_p = math.exp(np.float64(logits[i, x] / temperature[i]) - lse)
+                else:  # no distribution: a point mass on the fallback token
+                    target_p = 1.0 if x == _row_fallback(logits[i], temperature[i]) else 0.0
                 draft_p = np.float64(draft_probs[i, x]) if has_draft_probs else 1.0
                 ok = draft_p > 0 and target_p > 0 and target_p / draft_p >= uniform[i]
             if not ok:
@@ -183,6 +200,8 @@ def _inverse_cdf(weights, total, u):  # pragma: no cover - jitted
 @numba.njit(cache=True, nogil=True)
 def _recover_row(row, temperature, lse, dprobs, has_draft_probs, x, u):  # pragma: no cover - jitted
     """The recovered token of one rejected row (weights as in recovery_weights_reference)."""
+    if not math.isfinite(lse):  # no distribution: a point mass on the fallback token
+        return _row_fallback(row, temperature)
     vocab = row.shape[0]
     weights = np.empty(vocab, dtype=np.float32)
     valid = 0 <= x < vocab

@@ -40,6 +40,18 @@ def _block_sum(row, start, end):  # pragma: no cover - jitted
     return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
 
 
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _fallback_token(row):  # pragma: no cover - jitted
+    # The first maximum with NaN ignored (NaN > x is False); 0 when nothing is above -inf.
+    best = -np.inf
+    chosen = 0
+    for i in range(row.shape[0]):
+        if row[i] > best:
+            best = row[i]
+            chosen = i
+    return chosen
+
+
 @numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
 def _inverse_cdf_kernel(probs, u, out):  # pragma: no cover - jitted
     vocab = probs.shape[1]
@@ -51,6 +63,9 @@ def _inverse_cdf_kernel(probs, u, out):  # pragma: no cover - jitted
         for b in range(num_blocks):
             sums[b] = _block_sum(row, b * _CDF_BLOCK, min(vocab, (b + 1) * _CDF_BLOCK))
             total += sums[b]
+        if not (0.0 < total < np.inf):  # NaN, inf or no mass: no distribution (reference.py)
+            out[r] = _fallback_token(row)
+            continue
         target = u[r] * total
         chosen = -1
         last_positive = -1
@@ -80,7 +95,8 @@ def _inverse_cdf_kernel(probs, u, out):  # pragma: no cover - jitted
 
 
 def inverse_cdf_sample_cpu(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """int64 (B,): per row, the first token whose cumulative probability exceeds u * total."""
+    """int64 (B,): per row, the first token whose cumulative probability exceeds u * total (the
+    fallback token where the total is not a finite positive number)."""
     probs32 = probs if probs.dtype == torch.float32 else probs.to(torch.float32)
     out = torch.empty(probs.shape[0], dtype=torch.int64)
     if probs.shape[0]:

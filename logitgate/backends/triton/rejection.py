@@ -30,14 +30,16 @@ def _request(cu_ptr, active_ptr, pid, i, batch_size, HAS_ACTIVE: tl.constexpr, R
 
 
 @triton.jit
-def _row_argmax(row_ptr, vocab_size, BLOCK_V: tl.constexpr):
-    """torch.argmax semantics: the first NaN if any, else the first maximum; always < vocab_size."""
+def _row_argmax(row_ptr, vocab_size, temperature, BLOCK_V: tl.constexpr, NAN_IS_MAX: tl.constexpr):
+    """The first maximum of row / temperature; with NAN_IS_MAX torch.argmax semantics (the first
+    NaN if any), else NaN ignored (reference.fallback_tokens: 0 when nothing is above -inf).
+    Always < vocab_size."""
     best_val = -float("inf")
     best_idx = 0
     first_nan = vocab_size
     for start in range(0, vocab_size, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
-        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=-float("inf")).to(tl.float32)
+        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=-float("inf")).to(tl.float32) / temperature
         is_nan = x != x
         first_nan = tl.minimum(first_nan, tl.min(tl.where(is_nan, offs, vocab_size), axis=0))
         x = tl.where(is_nan, -float("inf"), x)
@@ -46,7 +48,9 @@ def _row_argmax(row_ptr, vocab_size, BLOCK_V: tl.constexpr):
         better = tile_max > best_val
         best_idx = tl.where(better, tile_idx, best_idx)
         best_val = tl.where(better, tile_max, best_val)
-    return tl.where(first_nan < vocab_size, first_nan, best_idx)
+    if NAN_IS_MAX:
+        best_idx = tl.where(first_nan < vocab_size, first_nan, best_idx)
+    return best_idx
 
 
 @triton.jit
@@ -79,7 +83,7 @@ def _greedy_accept_kernel(
             rejected = False
             for row in range(start, end):
                 if not rejected:
-                    best = _row_argmax(logits_ptr + tl.cast(row, tl.int64) * logits_stride, vocab_size, BLOCK_V)
+                    best = _row_argmax(logits_ptr + tl.cast(row, tl.int64) * logits_stride, vocab_size, 1.0, BLOCK_V, True)
                     if tl.load(draft_ptr + row).to(tl.int64) != best:
                         rejected = True
                         correction = best
@@ -116,6 +120,10 @@ def _random_accept_kernel(
                     safe = tl.where(valid, x, 0)
                     z = tl.load(logits_ptr + row64 * logits_stride + safe).to(tl.float32) / temperature
                     target_p = tl.exp(z - lse)
+                    if (lse != lse) | (lse == float("inf")) | (lse == -float("inf")):
+                        # No distribution: a point mass on the fallback token (reference.py).
+                        fallback = _row_argmax(logits_ptr + row64 * logits_stride, vocab_size, temperature, BLOCK_V, False)
+                        target_p = tl.where(x == fallback, 1.0, 0.0)
                     draft_p = 1.0
                     if HAS_DRAFT_PROBS:
                         draft_p = tl.load(draft_probs_ptr + row64 * probs_stride + safe).to(tl.float32)
@@ -186,6 +194,9 @@ def _recover_kernel(
                     w_total += tl.sum(w, axis=0)
                 token = tl.where(w_total > 0, best_w_idx, best_t_idx)
                 token = tl.minimum(tl.maximum(token, 0), vocab_size - 1)
+                if (lse != lse) | (lse == float("inf")) | (lse == -float("inf")):
+                    # No distribution: a point mass on the fallback token (reference.py).
+                    token = _row_argmax(logits_ptr + row64 * logits_stride, vocab_size, temperature, BLOCK_V, False)
             tl.store(out_ptr + r, token)
 
 

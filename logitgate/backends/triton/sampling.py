@@ -65,7 +65,8 @@ def _top_p_kernel(logits_ptr, probs_ptr, p_ptr, num_rows, vocab_size, logits_str
         top_p = tl.load(p_ptr + row)
         probs_row = probs_ptr + tl.cast(row, tl.int64) * probs_stride
         logits_row = logits_ptr + tl.cast(row, tl.int64) * logits_stride
-        if top_p < 1.0:
+        if top_p < 1.0:  # NaN: False, the row is left alone (as the reference)
+            top_p = tl.maximum(top_p, 1e-30)  # p <= 0 keeps the most likely tokens, as the smallest p does
             # Smallest bit pattern t whose mass strictly above, sum(p_j > t), is < top_p: that t is
             # a probability of the row (or 0), and top-p keeps exactly the tokens with p >= t.
             lo = tl.full((), 0, tl.int32)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ...checks import is_integer
 from .spec_layout import SpecDecodeLayout
 
 if TYPE_CHECKING:
@@ -42,6 +43,23 @@ class BatchUpdate:
     removed: Sequence[RemovedRequest]
     added: Sequence[AddedRequest]
     moved: Sequence[MovedRequest]
+
+    def __post_init__(self) -> None:
+        # Checked here, where the row is known, not as an IndexError (a device assert on GPU) later
+        # in some processor. A move's source may lie past the new size (condensing); nothing else.
+        if not is_integer(self.batch_size) or self.batch_size < 0:
+            raise ValueError(f"BatchUpdate batch_size must be an integer >= 0, got {self.batch_size!r}")
+        for added in self.added:
+            _check_row(added[0], "a request is added at row", self.batch_size)
+        for a, b, directionality in self.moved:
+            _check_row(b, "a request is moved to row", self.batch_size)
+            if directionality is MoveDirectionality.SWAP:
+                _check_row(a, "a request is swapped from row", self.batch_size)
+
+
+def _check_row(index: int, what: str, batch_size: int) -> None:
+    if not is_integer(index) or not 0 <= index < batch_size:
+        raise ValueError(f"{what} {index!r}, outside the batch of {batch_size} rows")
 
 
 class LogitsProcessor(ABC):

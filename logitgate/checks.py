@@ -1,0 +1,53 @@
+"""Checks for the plain values public functions take (ids, sizes, row numbers), shared so that every
+boundary says the same thing: a float, a bool or a tensor is not an integer, even when int() would
+quietly turn it into one (0.7 -> 0, True -> 1, 121.9 -> 121)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["as_index", "as_positive_int", "as_token_id", "is_integer", "short_repr"]
+
+
+def is_integer(value: Any) -> bool:
+    """A Python or numpy integer; not a bool, a float or a tensor."""
+    return (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, np.integer) and not isinstance(value, np.bool_)
+    )
+
+
+def as_positive_int(value: Any, name: str) -> int:
+    """`value` as an int > 0, else ValueError naming `name`."""
+    if not is_integer(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def as_token_id(value: Any, vocab_size: int | None = None, where: str = "") -> int:
+    """`value` as a token id in [0, vocab_size); ValueError "token id <value><where> ..." (where:
+    e.g. " in row 3" or " of request 'a'")."""
+    if not is_integer(value):
+        raise ValueError(f"token id {short_repr(value)}{where} is not an integer")
+    bound = vocab_size if vocab_size is not None else 2**31
+    if not 0 <= value < bound:
+        raise ValueError(f"token id {short_repr(value)}{where} is outside the vocabulary [0, {bound})")
+    return int(value)
+
+
+def as_index(value: Any, what: str, limit: int) -> int:
+    """`value` as a row index in [0, limit); negative indices are not wrapped."""
+    if not is_integer(value):
+        raise ValueError(f"{what} {short_repr(value)} is not an integer")
+    if not 0 <= value < limit:
+        raise ValueError(f"{what} {short_repr(value)} is outside [0, {limit})")
+    return int(value)
+
+
+def short_repr(value: Any) -> str:
+    """repr, cut short. A huge int is described, not printed: str() of one with more than 4300
+    digits raises in Python >= 3.11."""
+    if is_integer(value) and abs(int(value)) > 10**40:
+        return f"<an integer of about {int(abs(int(value)).bit_length() * 0.30103) + 1} digits>"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
