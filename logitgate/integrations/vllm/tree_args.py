@@ -25,6 +25,7 @@ __all__ = ["GLOBAL_TREE_ENV", "TREE_DIR_ENV", "resolve_tree_args", "tree_request
 GLOBAL_TREE_ENV = "LOGITGATE_TREE_DECODE_CONFIG"
 TREE_DIR_ENV = "LOGITGATE_TREE_DIR"
 TREE_KEYS = ("tree_decode", "token_trie")
+TRIE_OPTION_KEYS = ("end_token_id", "token_trie_path", "token_trie_model_id")
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 
@@ -63,8 +64,8 @@ def resolve_tree_args(extra_args: Mapping[str, Any] | None) -> dict[str, Any] | 
     named = [key for key in TREE_KEYS if args.get(key) is not None]
     if not named:
         path = os.environ.get(GLOBAL_TREE_ENV)
-        if not path:
-            return None
+        if not path:  # a trie option without a trie is still an error (tree_request names it)
+            return args if any(args.get(key) is not None for key in TRIE_OPTION_KEYS) else None
         if not Path(path).is_file():
             raise ValueError(f"{GLOBAL_TREE_ENV}={path!r} is not a readable tree file")
         return {**args, "tree_decode": Path(path)}
