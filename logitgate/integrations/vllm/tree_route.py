@@ -26,7 +26,8 @@ from .tree_args import tree_request_for
 
 __all__ = ["install", "is_installed"]
 
-logger = logging.getLogger(__name__)
+# A child of vLLM's logger, so a tree that fails in the engine shows in vLLM's log.
+logger = logging.getLogger("vllm.logitgate")
 
 _installed = False
 
