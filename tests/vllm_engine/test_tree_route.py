@@ -28,7 +28,12 @@ CONFIG = {"start_token_id": 40, "end_token_id": EOS, "prefix_dict": {
     "40": [10, 11, 12], "40_10": [13], "40_10_13": [14, 15], "40_12": [16], "40_12_16": [EOS]}}
 
 
-def test_register_patches_vllm_and_loads_no_numba():
+@pytest.mark.parametrize("ops, patched_by", [
+    ("tree", "logitgate.integrations.vllm.tree_route"),
+    ("none", "vllm.v1.structured_output"),
+    ("bitmask,sampler,rejection", "vllm.v1.structured_output"),
+])
+def test_register_patches_what_is_selected_and_loads_no_numba(ops, patched_by):
     code = (
         "import sys\n"
         "from logitgate.integrations.vllm.plugin import register\n"
@@ -38,8 +43,8 @@ def test_register_patches_vllm_and_loads_no_numba():
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('numba', 'llvmlite')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"LOGITGATE_VLLM_OPS": "tree", "PATH": "/usr/bin:/bin"})
-    assert out.stdout.split("\n")[:2] == ["logitgate.integrations.vllm.tree_route", "[]"], out.stderr[-3000:]
+                         env={"LOGITGATE_VLLM_OPS": ops, "PATH": "/usr/bin:/bin"})
+    assert out.stdout.split("\n")[:2] == [patched_by, "[]"], out.stderr[-3000:]
     assert out.stderr.count("replaced in vLLM") <= 1
 
 

@@ -48,7 +48,9 @@ def selected_ops(value: str | None = None) -> frozenset[str]:
 
 
 def _install_ops(ops: frozenset[str]) -> list[str]:
-    """PART of the plugin that swaps vLLM's kernels (ops.py); absent in builds without it."""
+    """The part of the plugin that routes vLLM's kernels to logitgate (ops.py), given the whole
+    selection; what it replaced. A build without ops.py skips it (only that module's absence is
+    tolerated, not an import error inside it)."""
     try:
         ops_module = importlib.import_module(f"{__package__}.ops")
     except ModuleNotFoundError as err:
@@ -64,7 +66,6 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    _registered = True
     ops = selected_ops()
     replaced: list[str] = []
     if "tree" in ops:
@@ -73,6 +74,7 @@ def register() -> None:
         replaced += install_tree_route()
     if ops - {"tree"}:
         replaced += _install_ops(ops)
+    _registered = True
     if replaced:
         logger.info("logitgate plugin (%s=%s) replaced in vLLM: %s", OPS_ENV, ",".join(sorted(ops)), "; ".join(replaced))
     else:
