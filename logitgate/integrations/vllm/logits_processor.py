@@ -1,12 +1,17 @@
-"""vLLM v1 custom logits processor for tree decode.
+"""vLLM v1 custom logits processor for tree decode (the V1 model runner's interface).
+
+With logitgate's general plugin active (the default once logitgate is installed), tree requests are
+served as vLLM structured outputs (tree_route.py), which also holds under speculative decoding;
+this processor then leaves them alone, so a tree is never applied twice. It is the route for
+engines where the plugin is excluded (`VLLM_PLUGINS`) or `LOGITGATE_VLLM_OPS` leaves out `tree`.
 
 `TreeDecodeLogitsProcessor` constrains every request whose `SamplingParams.extra_args` names a tree
 ("tree_decode": an RTP-LLM prefix-dict config; or "token_trie" with "end_token_id") to that tree's
 paths; other requests are left alone. Enable it with
-`LLM(model, logits_processors=["logitgate.integrations.vllm:TreeDecodeLogitsProcessor"])` (or
-`vllm serve --logits-processors ...`); installing logitgate also advertises it through the
-`vllm.logits_processors` entry point, which vLLM loads for every deployment without speculative
-decoding (vLLM 0.33 refuses custom logits processors when speculative decoding is on).
+`LLM(model, logits_processors=["logitgate.integrations.vllm:TreeDecode"])` (one name for both
+model runners; this class is what the V1 runner gets) or `--logits-processors ...`. vLLM refuses
+custom logits processors with speculative decoding on the V1 runner (an error, not silence).
+Trees are named as in tree_args.py (a dict, a JSON string, or a server tree's name; never a path).
 
 The work is done by `logitgate.sampling.processors.Tree`; this class only speaks vLLM's interface:
 it subclasses vLLM's `LogitsProcessor` when vLLM is importable, and logitgate's own otherwise (the
@@ -21,7 +26,9 @@ import torch
 
 from ...sampling.processors.interface import BatchUpdate, MoveDirectionality
 from ...sampling.processors.interface import LogitsProcessor as _LogitgateLogitsProcessor
-from ...sampling.processors.tree import Tree, tree_request
+from ...sampling.processors.tree import Tree
+from . import tree_route
+from .tree_args import tree_request_for
 
 logger = logging.getLogger(__name__)
 
@@ -62,20 +69,33 @@ def _as_logitgate_update(batch_update: Any) -> BatchUpdate | None:
     )
 
 
+class _VllmTree(Tree):
+    """logitgate's Tree with vLLM's request resolution (names, no client paths, the server-wide
+    tree), leaving tree requests to the structured-output route where the plugin installed it."""
+
+    def tree_for(self, params: Any) -> Any:
+        if tree_route.is_installed():
+            return None
+        request = tree_request_for(params)
+        if request is None:
+            return None
+        return request.compile(self.vocab_size, self.device, self.eos_token_id)
+
+
 class TreeDecodeLogitsProcessor(_Base):
     """vLLM's constructor: `(vllm_config, device, is_pin_memory)`; the vocabulary size comes from
     `vllm_config.model_config.get_vocab_size()` (outside vLLM, pass the vocabulary size as an int).
     Not argmax-invariant: greedy requests are constrained too."""
 
     def __init__(self, vllm_config: Any, device: torch.device | str, is_pin_memory: bool = False) -> None:
-        self.tree = Tree(_vocab_size(vllm_config), device, pin_memory=is_pin_memory)
+        self.tree = _VllmTree(_vocab_size(vllm_config), device, pin_memory=is_pin_memory)
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
         """Called by vLLM's front end for every request (before it reaches a worker): checks the
         tree arguments and compiles the tree on the CPU (cached), so a malformed tree is an HTTP 400.
         Token ids are checked against the vocabulary only in the worker, which knows it."""
-        request = tree_request(sampling_params)
+        request = tree_request_for(sampling_params)
         if request is not None:
             request.compile(vocab_size=None)
 

@@ -191,7 +191,7 @@ class Tree(LogitsProcessor):
         for index, row in self._rows.items():
             row.catch_up()
             entries.append((index, row.walk.tree, row.walk.state))
-        return self._mask(logits, entries)
+        return self.mask_rows(logits, entries)
 
     def apply_with_spec_decode(self, logits, num_draft_tokens, draft_token_ids=None) -> torch.Tensor:
         layout = SpecDecodeLayout(num_draft_tokens, logits.shape[0], draft_token_ids)
@@ -205,7 +205,7 @@ class Tree(LogitsProcessor):
             tree = row.walk.tree
             states = row.walk.walk_states(drafts[:valid]) + [tree.error_state] * (len(drafts) - valid)
             entries.extend((logit_row, tree, s) for logit_row, s in zip(layout.rows_of(index), states))
-        return self._mask(logits, entries)
+        return self.mask_rows(logits, entries)
 
     def _upload(self, values: list[int], device: torch.device) -> torch.Tensor:
         host = torch.tensor(values, dtype=torch.int64)
@@ -213,7 +213,7 @@ class Tree(LogitsProcessor):
             host = host.pin_memory()
         return host.to(device, non_blocking=True)
 
-    def _mask(self, logits: torch.Tensor, entries: list[tuple[int, TreeDFA, int]]) -> torch.Tensor:
+    def mask_rows(self, logits: torch.Tensor, entries: list[tuple[int, TreeDFA, int]]) -> torch.Tensor:
         """Mask logits row r to the allowed set of its tree state: one batched `fill_bitmask` per
         distinct tree (one in all when the requests share a tree), one bitmask apply for the batch.
         Rows without an entry keep their logits."""

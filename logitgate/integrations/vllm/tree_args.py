@@ -1,0 +1,93 @@
+"""Which tree a vLLM request decodes under: its own `extra_args`, a tree the server operator named,
+or the server-wide tree (RTP-LLM's global mode).
+
+- `extra_args={"tree_decode": cfg}` (an RTP-LLM prefix dict) or `{"token_trie": payload,
+  "end_token_id": N}` (a TokenTreePayload), as a dict or as a JSON string (`vllm serve` carries
+  only scalars in `vllm_xargs`).
+- Any other string is the *name* of a tree file the operator placed in `LOGITGATE_TREE_DIR`
+  (`<dir>/<name>` or `<dir>/<name>.json`; letters, digits, `.`, `_`, `-`). A client never names a
+  path: that would let any client read the server's files.
+- `LOGITGATE_TREE_DECODE_CONFIG=<prefix-dict file>` applies that tree to every request that does
+  not name its own (RTP-LLM's `TREE_DECODE_CONFIG`).
+
+Import-light (no torch, no numba): vLLM's front end and engine call it for every request.
+"""
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["GLOBAL_TREE_ENV", "TREE_DIR_ENV", "resolve_tree_args", "tree_request_for"]
+
+GLOBAL_TREE_ENV = "LOGITGATE_TREE_DECODE_CONFIG"
+TREE_DIR_ENV = "LOGITGATE_TREE_DIR"
+TREE_KEYS = ("tree_decode", "token_trie")
+TRIE_OPTION_KEYS = ("end_token_id", "token_trie_path", "token_trie_model_id")
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+
+
+def _is_json_text(value: Any) -> bool:
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("utf-8", "replace")
+    return isinstance(value, str) and value.lstrip()[:1] in ("{", "[")
+
+
+def _named_tree(name: str, key: str) -> Path:
+    """The operator's file for a tree name; ValueError that says what is wrong."""
+    root = os.environ.get(TREE_DIR_ENV)
+    if not _NAME.fullmatch(name) or name in (".", ".."):
+        raise ValueError(
+            f"extra_args[{key!r}] is neither JSON nor a tree name ({name[:80]!r}): names are letters, digits, "
+            "'.', '_' and '-'; paths are not accepted"
+        )
+    if not root:
+        raise ValueError(
+            f"extra_args[{key!r}] names the tree {name!r}, but the server has no tree directory "
+            f"(the operator sets {TREE_DIR_ENV}); send the tree itself as a JSON object or string"
+        )
+    for candidate in (Path(root) / name, Path(root) / f"{name}.json"):
+        if candidate.is_file():
+            return candidate
+    raise ValueError(f"extra_args[{key!r}]: no tree named {name!r} in the server's tree directory")
+
+
+def resolve_tree_args(extra_args: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The request's tree arguments with names resolved to the operator's files, the server-wide
+    tree when the request names none, or None (no tree). ValueError for a name that does not
+    resolve; the arguments themselves are checked by `tree_request`."""
+    if extra_args is not None and not isinstance(extra_args, Mapping):
+        raise ValueError(f"extra_args must be a dict, got {type(extra_args).__name__}")
+    args = dict(extra_args or {})
+    named = [key for key in TREE_KEYS if args.get(key) is not None]
+    if not named:
+        path = os.environ.get(GLOBAL_TREE_ENV)
+        if not path:  # a trie option without a trie is still an error (tree_request names it)
+            return args if any(args.get(key) is not None for key in TRIE_OPTION_KEYS) else None
+        if not Path(path).is_file():
+            raise ValueError(f"{GLOBAL_TREE_ENV}={path!r} is not a readable tree file")
+        return {**args, "tree_decode": Path(path)}
+    for key in named:
+        value = args[key]
+        if isinstance(value, os.PathLike):
+            raise ValueError(f"extra_args[{key!r}] is a path; send the tree as JSON or by the name of a server tree")
+        if isinstance(value, (str, bytes, bytearray)) and not _is_json_text(value):
+            args[key] = _named_tree(value.decode() if not isinstance(value, str) else value, key)
+    return args
+
+
+def tree_request_for(sampling_params: Any) -> Any:
+    """logitgate's `TreeRequest` for a vLLM SamplingParams (None: no tree), resolved as above.
+    Imports the tree machinery, so call it per request, not at start-up."""
+    from ...sampling.processors.tree import tree_request
+
+    args = resolve_tree_args(getattr(sampling_params, "extra_args", None))
+    if args is None:
+        return None
+
+    class _Params:  # tree_request reads only .extra_args
+        extra_args = args
+
+    return tree_request(_Params)

