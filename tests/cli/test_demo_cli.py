@@ -57,7 +57,7 @@ def test_progress_only_on_a_terminal_or_when_asked(monkeypatch, argv, tty, shown
 
     def fake_run_demo(**kwargs):
         seen["progress"] = kwargs["progress"]
-        return {"check": {"all_constrained_valid": True}}
+        return {"check": {"ok": True, "all_constrained_valid": True}}
 
     monkeypatch.setattr(demo_module, "run_demo", fake_run_demo)
     monkeypatch.setattr(report_module, "format_report", lambda data: "report")
