@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 NUM_REQUESTS = 64
-MAX_TOKENS = 96
+MAX_TOKENS = 96  # a JSON object of this schema took ~37 tokens here
 OPS_WITH_LOGITGATE = "bitmask,sampler,rejection"
 SCHEMA = {
     "type": "object",
@@ -83,20 +83,49 @@ def prompts() -> list[str]:
 # ---- child: one engine ----
 
 
-def child(path: str, repeats: int) -> dict:
+def start_engine(path: str, max_num_seqs: int = NUM_REQUESTS):
+    """vLLM's offline engine on the CPU, in this process. xgrammar without free whitespace between
+    JSON tokens (a random model would otherwise pad with whitespace until max_tokens)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
+
+    return LLM(
+        model=path, dtype="float32", enforce_eager=True, max_num_seqs=max_num_seqs, max_model_len=512, seed=0,
+        structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
+    )
+
+
+def json_params(temperature: float, seed: int | None = None):
+    from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    started = time.perf_counter()
-    llm = LLM(model=path, dtype="float32", enforce_eager=True, max_num_seqs=NUM_REQUESTS, max_model_len=512, seed=0)
-    start_s = time.perf_counter() - started
-    structured = StructuredOutputsParams(json=SCHEMA)
-    params = {
-        "greedy": SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, structured_outputs=structured),
-        "t1": SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, structured_outputs=structured),
+    return SamplingParams(max_tokens=MAX_TOKENS, temperature=temperature, seed=seed,
+                          structured_outputs=StructuredOutputsParams(json=SCHEMA))
+
+
+def check(path: str) -> dict:
+    """The engine test's scenario (tests/integrations/vllm_engine): 16 requests, greedy, then
+    temperature 1 with per-request seeds; the outputs and the replacements' call counters."""
+    llm = start_engine(path, max_num_seqs=16)
+    texts = prompts()[:16]
+    greedy = [list(o.outputs[0].token_ids) for o in llm.generate(texts, json_params(0.0), use_tqdm=False)]
+    sampled = llm.generate(texts, [json_params(1.0, seed=i) for i in range(16)], use_tqdm=False)
+    sampled_tokens = [list(o.outputs[0].token_ids) for o in sampled]
+    return {
+        "greedy_outputs": greedy,
+        "greedy_json_valid": sum(_is_json(llm, t) for t in greedy),
+        "sampled_json_valid": sum(_is_json(llm, t) for t in sampled_tokens),
+        "sampled_finished": sum(o.outputs[0].finish_reason == "stop" for o in sampled),
+        "routed_calls": _routed_calls(),
     }
+
+
+def child(path: str, repeats: int) -> dict:
+    started = time.perf_counter()
+    llm = start_engine(path)
+    start_s = time.perf_counter() - started
+    params = {"greedy": json_params(0.0), "t1": json_params(1.0)}
     texts = prompts()
 
     def round_(mode: str):
@@ -116,6 +145,7 @@ def child(path: str, repeats: int) -> dict:
             result[f"{mode}_tokens"].append(sum(map(len, tokens)))
             result[f"{mode}_outputs"] = tokens
     result["json_valid"] = sum(_is_json(llm, t) for t in result["greedy_outputs"])
+    result["t1_json_valid"] = sum(_is_json(llm, t) for t in result["t1_outputs"])
     result["routed_calls"] = _routed_calls()
     return result
 
@@ -149,14 +179,15 @@ def engine_available(python: str) -> tuple[bool, str]:
     return True, ""
 
 
-def run_child(python: str, path: Path, with_logitgate: bool, repeats: int) -> dict:
+def run_child(python: str, path: Path, with_logitgate: bool, repeats: int, mode: str = "--child") -> dict:
+    """One engine in a fresh process; `mode` --child (benchmark rounds) or --check (engine test)."""
     env = dict(os.environ)
     if with_logitgate:
         env.pop("VLLM_PLUGINS", None)
         env["LOGITGATE_VLLM_OPS"] = OPS_WITH_LOGITGATE
     else:
         env["VLLM_PLUGINS"] = ""  # no general plugin at all: vLLM as shipped
-    cmd = [python, __file__, "--child", str(path), "--repeats", str(repeats)]
+    cmd = [python, str(Path(__file__).resolve()), mode, str(path), "--repeats", str(repeats)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
@@ -167,6 +198,7 @@ def run_child(python: str, path: Path, with_logitgate: bool, repeats: int) -> di
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", metavar="MODEL_DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--check", metavar="MODEL_DIR", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="one engine per configuration, 2 rounds each")
     parser.add_argument("--rounds", type=int, default=2, help="engines per configuration (interleaved)")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per mode inside each engine")
@@ -175,6 +207,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out")
     parser.add_argument("--plot")
     args = parser.parse_args(argv)
+    if args.check:
+        print("RESULT " + json.dumps(check(args.check)), flush=True)
+        return {}
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.repeats)), flush=True)
         return {}
@@ -222,6 +257,7 @@ def main(argv: list[str] | None = None) -> dict:
         "rows": rows,
         "greedy_identical": all(out == greedy_vllm[0] for out in greedy_lg + greedy_vllm),
         "greedy_json_valid": [run["json_valid"] for run in runs[True] + runs[False]],
+        "t1_json_valid": [run["t1_json_valid"] for run in runs[True] + runs[False]],
         "engine_start_s": {"logitgate": [round(r["start_s"], 1) for r in runs[True]],
                            "vllm": [round(r["start_s"], 1) for r in runs[False]]},
         "routed_calls": runs[True][-1]["routed_calls"],

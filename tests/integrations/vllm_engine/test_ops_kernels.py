@@ -350,3 +350,41 @@ def test_rejection_synthetic_mode_stays_vllm(patched):
 def _synthetic_args(counts, inputs, metadata):
     drafts, cu, target, draft_probs, bonus = inputs
     return drafts, counts, max(counts), cu, draft_probs, target, bonus, metadata
+
+
+# ---- vllm-ascend's rejection_sample adapter (vllm-ascend itself cannot run here) ----
+
+
+def ascend_config(reduce_sample=False, block_verify=False, entropy_verify=False):
+    verify = SimpleNamespace(enable_block_verify=block_verify, enable_entropy_verify=entropy_verify)
+    return lambda: SimpleNamespace(enable_reduce_sample=reduce_sample, rejection_sampler_config=verify)
+
+
+@pytest.mark.parametrize("config, routed", [
+    ({}, True),
+    ({"reduce_sample": True}, False),
+    ({"block_verify": True}, False),
+    ({"entropy_verify": True}, False),
+])
+def test_ascend_rejection_adapter_routes_only_plain_verification(config, routed):
+    """The adapter ops.install puts over vllm_ascend.sample.rejection_sampler.rejection_sample,
+    with vLLM's function standing in for vllm-ascend's original (the same layout and arguments,
+    plus ori_target_logits): plain greedy verification gives vLLM's tokens through logitgate;
+    reduce-sample, block and entropy verification go to the original."""
+    from logitgate.integrations.vllm.replacements import ascend_rejection_sample_replacement
+
+    seen = []
+
+    def original(*args, ori_target_logits=None, **kwargs):
+        seen.append(ori_target_logits)
+        return rs.rejection_sample(*args, **kwargs)
+
+    adapter = ascend_rejection_sample_replacement(original, "ascend", ascend_config(**config))
+    counts = [3, 1, 4]
+    drafts, cu, target, _, bonus = rejection_inputs(15, counts, 200, False)
+    metadata = sampling_metadata(len(counts))
+    expected = rs.rejection_sample(drafts, counts, 4, cu, None, target.clone(), bonus, metadata)
+    got = adapter(drafts, counts, 4, cu, None, target.clone(), bonus, metadata, ori_target_logits=target)
+    assert torch.equal(got, expected)
+    assert adapter.routed_calls == (1 if routed else 0)
+    assert len(seen) == (0 if routed else 1)
