@@ -189,8 +189,8 @@ def rejection_sample_replacement(original: Callable, name: str) -> Callable:
     top-k/top-p filtered; greedy requests emit exactly vLLM's tokens, random ones follow the same
     acceptance test with the same float64 uniforms from the same generators (so acceptance is
     identical for seeded requests) and draw the recovered token by inverse CDF instead of the
-    exponential race (same distribution, other tokens for a given seed). Synthetic and FLy
-    verification stay vLLM's."""
+    exponential race (same distribution, other tokens for a given seed). All-greedy batches,
+    synthetic and FLy verification stay vLLM's."""
 
     def rejection_sample(
         draft_token_ids,
@@ -207,7 +207,9 @@ def rejection_sample_replacement(original: Callable, name: str) -> Callable:
         **kwargs,
     ):
         other_method = synthetic_mode or any(value is not None for key, value in kwargs.items() if key.startswith("fly_"))
-        if other_method or not routed(target_logits):
+        # All-greedy batches stay vLLM's: the same tokens either way, and logitgate's greedy path
+        # was not measured faster than vLLM-CPU's argmax kernel (README, "logitgate in vLLM: kernels").
+        if other_method or sampling_metadata.all_greedy or not routed(target_logits):
             return original(
                 draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
                 bonus_token_ids, sampling_metadata, synthetic_mode=synthetic_mode,
@@ -223,8 +225,8 @@ def rejection_sample_replacement(original: Callable, name: str) -> Callable:
 
 def ascend_rejection_sample_replacement(original: Callable, name: str, ascend_config: Callable) -> Callable:
     """vllm_ascend.sample.rejection_sampler.rejection_sample (same layout as vLLM's; the target is
-    a tensor, or a (logits, indices) tuple in reduce-sample mode). Reduce-sample, block and
-    entropy verification and synthetic mode stay vllm-ascend's; `ascend_config` is vllm-ascend's
+    a tensor, or a (logits, indices) tuple in reduce-sample mode). All-greedy batches,
+    reduce-sample, block and entropy verification and synthetic mode stay vllm-ascend's; `ascend_config` is vllm-ascend's
     get_ascend_config."""
 
     def rejection_sample(
@@ -252,7 +254,7 @@ def ascend_rejection_sample_replacement(original: Callable, name: str, ascend_co
             target, indices = target
             if indices is not None:
                 return fall_back()
-        if synthetic_mode or not routed(target):
+        if synthetic_mode or sampling_metadata.all_greedy or not routed(target):
             return fall_back()
         config = ascend_config()
         verify = config.rejection_sampler_config
