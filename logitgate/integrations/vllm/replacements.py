@@ -23,6 +23,7 @@ import torch
 __all__ = [
     "DEVICES_ENV",
     "XgrammarWithLogitgateApply",
+    "ascend_rejection_sample_replacement",
     "rejection_sample_replacement",
     "routed",
     "routed_devices",
