@@ -60,7 +60,7 @@ $(ENGINE_STAMP): pyproject.toml | $(ENGINE_PY)
 	$(ENGINE_PY) -m pip install -q "$(VLLM_ENGINE_SPEC)"
 	$(ENGINE_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(ENGINE_PY) -m pip freeze | grep -iE '^(torch|numba|numpy|transformers|xgrammar)==' > $(VLLM_ENGINE_VENV)/vllm-pins.txt
-	$(ENGINE_PY) -m pip install -q -e ".[vllm]" "pytest>=9" "hypothesis>=6.170"
+	$(ENGINE_PY) -m pip install -q -e ".[vllm]" "pytest>=9" "hypothesis>=6.170" "scipy>=1.14"
 	$(ENGINE_PY) -m pip freeze | grep -iE '^(torch|numba|numpy|transformers|xgrammar)==' | diff $(VLLM_ENGINE_VENV)/vllm-pins.txt - \
 		|| (echo "installing logitgate[vllm] changed vLLM's pins (above)"; exit 1)
 	touch $(ENGINE_STAMP)

@@ -105,7 +105,7 @@ def json_params(temperature: float, seed: int | None = None):
 
 
 def check(path: str) -> dict:
-    """The engine test's scenario (tests/integrations/vllm_engine): 16 requests, greedy, then
+    """The engine test's scenario (tests/vllm_engine): 16 requests, greedy, then
     temperature 1 with per-request seeds; the outputs and the replacements' call counters."""
     llm = start_engine(path, max_num_seqs=16)
     texts = prompts()[:16]

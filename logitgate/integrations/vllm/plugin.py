@@ -73,7 +73,7 @@ def register() -> None:
 
         replaced += install_tree_route()
     if ops - {"tree"}:
-        replaced += _install_ops(ops)
+        replaced += _install_ops(ops - {"tree"})
     _registered = True
     if replaced:
         logger.info("logitgate plugin (%s=%s) replaced in vLLM: %s", OPS_ENV, ",".join(sorted(ops)), "; ".join(replaced))

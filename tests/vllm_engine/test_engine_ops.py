@@ -18,7 +18,7 @@ from ops_helpers import require_vllm_runtime
 
 require_vllm_runtime()
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import bench_vllm  # noqa: E402
 
