@@ -217,8 +217,9 @@ class TreeDFA:
         device: str | torch.device | Backend | None = None,
         **options: Any,
     ) -> TreeDFA:
-        """Allowed strings, tokenised with `tokenizer(s) -> token ids` (e.g.
-        `lambda s: tok.encode(s, add_special_tokens=False)`); then as `from_sequences`."""
+        """Allowed strings, tokenised with `tokenizer(s) -> token ids`, or with a Hugging Face tokenizer
+        (transformers' or `tokenizers`') given as is: it is asked for no special tokens, and a string
+        that still tokenizes to one (BOS, EOS, ...) raises ValueError. Then as `from_sequences`."""
         sequences, names = tokenize_strings(strings, tokenizer)
         return cls.from_sequences(
             sequences, end_token_id=end_token_id, vocab_size=vocab_size, device=device, names=names, **options
