@@ -268,6 +268,13 @@ class TreeDFA:
         more columns than this."""
         return int(self._host.info["max_token_id"])
 
+    @property
+    def start_token_id(self) -> int | None:
+        """A prefix dict's start token (the prompt's last token: the tree begins after it); None for
+        token tries and sequences."""
+        start = self._host.info.get("start_token_id")
+        return None if start is None else int(start)
+
     def _check_state(self, state: int) -> int:
         if not isinstance(state, (int, np.integer)) or isinstance(state, bool) or not 0 <= state < self.num_states:
             raise ValueError(f"state {state!r} is not a state of this tree (0 <= state < {self.num_states})")
