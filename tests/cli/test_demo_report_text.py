@@ -20,3 +20,15 @@ def test_free_section_shows_a_blank_output():
     lines = _section_free(report)
     assert lines[1].split()[:2] == ["Krakow", "'"] and "' '" in lines[1] and "<- NOT a catalog name" in lines[1]
     assert lines[2].split()[:2] == ["Europe", "Europe/Berlin"]
+
+
+def test_readme_excerpt_shows_the_schema_the_demo_prints():
+    from pathlib import Path
+
+    from logitgate.cli.demo import JSON_SCHEMA
+    from logitgate.cli.demo_report import _section_json
+
+    report = {"runs": [{"name": "json greedy (xgrammar)", "outputs": []}], "json_schema": JSON_SCHEMA}
+    header = _section_json(report)[0]
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert header in readme.splitlines()
