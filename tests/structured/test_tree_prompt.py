@@ -2,7 +2,6 @@
 that sees the prompt warns once per request (never per step), and never for tries or good prompts."""
 import logging
 
-import pytest
 import torch
 
 from logitgate import TreeDFA
