@@ -8,13 +8,15 @@ covers only the name and `<eos>`, the part a tree constraint governs. The target
 the target's next-token distribution, so that its greedy choices agree with the target's (that is
 what speculative decoding accepts).
 
-Writes (default `logitgate/data/demo/`): `target/`, `draft/` (safetensors, float16), `catalog.txt`,
+Writes (default `logitgate/data/demo/`): `target/`, `draft/` (safetensors, float16, each with the
+byte tokenizer as Hugging Face tokenizer files: logitgate/models/hf_byte_tokenizer.py), `catalog.txt`,
 `tree.json` (the prefix dict rooted at `<root>`), and prints a JSON report: sizes, losses, training
 time, how often unconstrained output (greedy by kind of prompt, and sampled) is a catalog name,
 and draft/target agreement. zoneinfo's list depends on the host's tz database; `catalog.txt` keeps
 the one the shipped models were trained on (`--catalog logitgate/data/demo/catalog.txt` retrains on it).
 
     PYTHONPATH=$PWD python scripts/train_demo_models.py     # about 4 minutes on 2 shared CPU cores
+    PYTHONPATH=$PWD python scripts/train_demo_models.py --tokenizer-only   # rewrite the tokenizer files only
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from logitgate.cli.bench_harness import emit
 from logitgate.models import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, catalog_prefix_dict, demo_prompt
 from logitgate.models.demo import DEMO_DIR, load_catalog
+from logitgate.models.hf_byte_tokenizer import write_demo_tokenizers
 
 # zoneinfo lists this host alias of the system zone; it is not a zone name.
 _NOT_ZONES = {"localtime"}
@@ -299,7 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="1 is steadier than 2 on a shared machine")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="write the JSON report here instead of stdout")
+    parser.add_argument("--tokenizer-only", action="store_true",
+                        help="only (re)write the Hugging Face tokenizer files next to the existing models")
     args = parser.parse_args(argv)
+    if args.tokenizer_only:
+        for path in write_demo_tokenizers([args.out_dir / "target", args.out_dir / "draft"]):
+            print(path, file=sys.stderr)
+        return 0
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -330,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, args.dtype)
     target_info = save(target, out / "target", dtype)
     draft_info = save(draft, out / "draft", dtype)
+    write_demo_tokenizers([out / "target", out / "draft"])
     (out / "catalog.txt").write_text("\n".join(names) + "\n", encoding="utf-8")
     (out / "tree.json").write_text(json.dumps(catalog_prefix_dict(names), separators=(",", ":")) + "\n", encoding="utf-8")
 

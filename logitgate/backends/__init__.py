@@ -3,6 +3,7 @@ NPU, then CPU. Backends are cached per device."""
 from __future__ import annotations
 
 import os
+import re
 import threading
 
 import torch
@@ -14,6 +15,7 @@ from .detect import Probe, probe_cuda, probe_npu, reset_probes
 __all__ = [
     "Backend",
     "Capabilities",
+    "DeviceUnavailableError",
     "Probe",
     "backend_for_tensor",
     "clear_backend_cache",
@@ -26,8 +28,17 @@ __all__ = [
 ENV_VAR = "LOGITGATE_DEVICE"
 DEVICE_KINDS = ("cpu", "cuda", "npu", "npu-emulated")
 
+# torch parses "npu" only after torch_npu has registered it (importing torch_npu renames the
+# privateuse1 backend), and with TORCH_DEVICE_BACKEND_AUTOLOAD=0 nothing imports it before
+# logitgate's probe does: so NPU names are parsed here, and the probe in _build says why it fails.
+_NPU_NAME = re.compile(r"npu(?::(\d+))?")
+
 _cache: dict[str, Backend] = {}
 _lock = threading.Lock()
+
+
+class DeviceUnavailableError(ValueError):
+    """A device was named correctly but cannot be used on this host; the message says why."""
 
 
 def _normalize(device: str | torch.device) -> str:
@@ -40,6 +51,9 @@ def _normalize(device: str | torch.device) -> str:
         raise ValueError(f"device must be a str, torch.device or Backend, got {type(device).__name__}")
     if text == "npu-emulated":
         return text
+    npu = _NPU_NAME.fullmatch(text)
+    if npu:
+        return f"npu:{int(npu.group(1) or 0)}"
     try:
         parsed = torch.device(text)
     except RuntimeError:
@@ -71,13 +85,19 @@ def _build(key: str) -> Backend:
     if kind == "cuda":
         probe = probe_cuda()
         if not probe.available:
-            raise ValueError(f"device {key!r} requested but CUDA is unusable: {probe.reason}")
+            raise DeviceUnavailableError(f"device {key!r} requested but CUDA is unusable: {probe.reason}")
+        if int(index) >= probe.count:
+            raise DeviceUnavailableError(
+                f"device {key!r} requested but only {probe.count} CUDA device(s) are visible"
+            )
         from .cuda import CudaBackend
 
         return CudaBackend(torch.device("cuda", int(index)))
     probe = probe_npu()
     if not probe.available:
-        raise ValueError(f"device {key!r} requested but the NPU is unusable: {probe.reason}")
+        raise DeviceUnavailableError(f"device {key!r} requested but the NPU is unusable: {probe.reason}")
+    if int(index) >= probe.count:
+        raise DeviceUnavailableError(f"device {key!r} requested but only {probe.count} NPU(s) are visible")
     from .npu import NpuBackend
 
     return NpuBackend(f"npu:{index}")

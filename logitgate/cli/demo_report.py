@@ -29,8 +29,10 @@ LEGEND = (
 
 
 def _show(text: str, width: int) -> str:
-    """One line, at most `width` characters (model output may hold newlines or run on)."""
-    flat = text.replace("\n", "\\n").replace("\t", "\\t")
+    """One line, at most `width` characters (model output may hold newlines or run on). Text that
+    would not be seen as it is (empty, whitespace only, leading or trailing whitespace, control
+    characters) is shown quoted with escapes, as Python's repr: `''`, `' '`, `'\\n'`."""
+    flat = text if text.isprintable() and text.strip() == text and text else repr(text)
     return flat if len(flat) <= width else flat[: width - 3] + "..."
 
 

@@ -1,4 +1,5 @@
-"""`logitgate doctor`: versions, devices, why a device is unusable, and which kernel each op uses."""
+"""`logitgate doctor`: versions, devices, why a device is unusable, the vLLM plugin's registration
+and which kernel each op uses."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -8,9 +9,12 @@ from typing import Any
 
 import torch
 
-from ..backends import ENV_VAR, get_backend, probe_cuda, probe_npu
+from .. import __version__
+from ..backends import ENV_VAR, DeviceUnavailableError, get_backend, probe_cuda, probe_npu
 
-PACKAGES = ("torch", "numpy", "numba", "triton", "torch_npu", "xgrammar", "transformers")
+PACKAGES = ("torch", "numpy", "numba", "triton", "torch_npu", "xgrammar", "transformers", "vllm")
+# What vLLM loads from an installed logitgate: (entry point group, the name logitgate registers there).
+VLLM_ENTRY_POINTS = (("vllm.general_plugins", "logitgate"), ("vllm.logits_processors", "logitgate_tree_decode"))
 
 
 def _version(package: str) -> str:
@@ -20,34 +24,67 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+def vllm_plugins() -> dict[str, str | None]:
+    """'group:name' -> the entry point's target when installed logitgate registers it, else None.
+    Entry points come from the installed package's metadata: a source checkout that was never
+    `pip install`ed registers nothing."""
+    found = {}
+    for group, name in VLLM_ENTRY_POINTS:
+        points = [ep for ep in importlib.metadata.entry_points(group=group) if ep.name == name]
+        found[f"{group}:{name}"] = points[0].value if points else None
+    return found
+
+
 def report(device: str | None = None) -> dict[str, Any]:
+    """Everything `doctor` prints. A requested device that is unusable here is reported (backend
+    "error"), not raised: saying why is the point of the doctor. An unknown name raises ValueError."""
     cuda, npu = probe_cuda(), probe_npu()
-    backend = get_backend(device)
+    try:
+        backend = get_backend(device)
+    except DeviceUnavailableError as exc:
+        selected: dict[str, Any] = {"error": str(exc)}
+        kernels: dict[str, str] = {}
+    else:
+        selected = {"name": backend.name, "device": str(backend.device), "capabilities": backend.capabilities.as_dict()}
+        kernels = backend.kernels()
     return {
+        "logitgate": __version__,
         "python": platform.python_version(),
         "versions": {p: _version(p) for p in PACKAGES},
+        "vllm_plugins": vllm_plugins(),
         "env": {k: os.environ.get(k, "") for k in (ENV_VAR, "TRITON_INTERPRET", "TORCH_DEVICE_BACKEND_AUTOLOAD")},
         "devices": {
             "cpu": {"available": True, "reason": f"{torch.get_num_threads()} torch threads"},
             "cuda": {"available": cuda.available, "reason": cuda.reason},
             "npu": {"available": npu.available, "reason": npu.reason},
         },
-        "backend": {"name": backend.name, "device": str(backend.device), "capabilities": backend.capabilities.as_dict()},
-        "kernels": backend.kernels(),
+        "backend": selected,
+        "kernels": kernels,
     }
 
 
+def _columns(rows: dict[str, Any]) -> list[str]:
+    """`  key  value` lines with the values aligned one space past the longest key."""
+    width = max((len(k) for k in rows), default=0)
+    return [f"  {k:<{width}}  {v}" for k, v in rows.items()]
+
+
 def format_report(data: dict[str, Any]) -> str:
-    lines = [f"logitgate doctor (python {data['python']})", "", "versions:"]
-    lines += [f"  {name:<13} {ver}" for name, ver in data["versions"].items()]
+    lines = [f"logitgate {data['logitgate']} doctor (python {data['python']})", "", "versions:"]
+    lines += _columns(data["versions"])
+    lines += ["", "vLLM plugin (entry points of the installed logitgate):"]
+    lines += _columns({k: v or "not registered" for k, v in data["vllm_plugins"].items()})
     lines += ["", "environment:"]
     lines += [f"  {k}={v or '(unset)'}" for k, v in data["env"].items()]
     lines += ["", "devices:"]
-    for name, dev in data["devices"].items():
-        lines.append(f"  {name:<5} {'usable  ' if dev['available'] else 'unusable'}  {dev['reason']}")
+    lines += _columns({name: f"{'usable  ' if dev['available'] else 'unusable'}  {dev['reason']}"
+                       for name, dev in data["devices"].items()})
     b = data["backend"]
+    if "error" in b:
+        lines += ["", f"selected backend: none: {b['error']}"]
+        return "\n".join(lines)
     lines += ["", f"selected backend: {b['name']} on {b['device']}"]
-    lines += [f"  {k}: {v}" for k, v in b["capabilities"].items()]
+    lines += _columns(b["capabilities"])
     lines += ["", "kernels:"]
-    lines += [f"  {op:<22} {kernel}" for op, kernel in data["kernels"].items()]
+    lines += _columns(data["kernels"])
     return "\n".join(lines)

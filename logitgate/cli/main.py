@@ -13,7 +13,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
     data = report(args.device)
     print(json.dumps(data, indent=2) if args.json else format_report(data))
-    return 0
+    return 1 if "error" in data["backend"] else 0  # the requested device is unusable
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -56,7 +56,10 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
     parser = argparse.ArgumentParser(prog="logitgate", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"logitgate {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     doctor = sub.add_parser("doctor", help="versions, devices and the kernel each operation uses")
     doctor.add_argument("--device", default=None, help="cpu, cuda, npu or npu-emulated (default: detect)")

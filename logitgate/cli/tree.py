@@ -39,18 +39,20 @@ def inspect_file(
 
     check_vocab_size(vocab_size)
     obj, _ = load_json(file, "tree")  # messages read "tree file '<path>' ..."
-    if isinstance(obj, dict) and "prefix_dict" in obj:
+    formats = ("a prefix-dict config (start_token_id, end_token_id, prefix_dict), a TokenTreePayload "
+               "(descriptors) or a list of token sequences")
+    if isinstance(obj, dict) and not obj:
+        raise ValueError(f"tree file {file!r} is an empty JSON object; expected {formats}")
+    if isinstance(obj, dict) and not {"prefix_dict", "start_token_id", "descriptors"} & obj.keys():
+        raise ValueError(f"tree file {file!r} has none of the keys of {formats}; its keys: {', '.join(map(repr, obj))}")
+    if isinstance(obj, dict) and ("prefix_dict" in obj or "descriptors" not in obj):
         errors = prefix_dict_problems(obj, vocab_size)
         tree = _inspect_one(
             "prefix dict", errors, lambda cls: cls.from_prefix_dict(obj, vocab_size=vocab_size, device="cpu", cache=False)
         )
         return {"file": file, "format": "rtp-llm prefix dict", "trees": [tree]}
-    known = (isinstance(obj, dict) and "descriptors" in obj) or isinstance(obj, list)
-    if not known:
-        raise ValueError(
-            f"tree file {file!r} is neither a prefix-dict config, a TokenTreePayload nor a list of token sequences "
-            f"(it holds a JSON {type(obj).__name__})"
-        )
+    if not isinstance(obj, (dict, list)):
+        raise ValueError(f"tree file {file!r} is a JSON {type(obj).__name__}; expected {formats}")
     if end_token_id is None:
         raise ValueError("token tries and sequence lists have no end token: pass --end-token-id")
     if isinstance(obj, dict):

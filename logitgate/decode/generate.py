@@ -31,6 +31,7 @@ from ..sampling.spec_constraint import constrain_spec_logits
 from ..structured.bitmask import apply_token_bitmask_inplace
 from ..structured.manager import StructuredOutputManager
 from ..structured.tree import TreeDFA
+from ..structured.tree_prompt import warn_prompt_start
 
 Model = Callable[[torch.Tensor], torch.Tensor]
 MAX_FORCED_TOKENS = 32  # forced tokens appended per step (each costs one position of the target pass)
@@ -165,6 +166,8 @@ def _check_request(i: int, request: Request, manager: StructuredOutputManager | 
             raise ValueError(f"requests[{i}]: {name} is not supported by the reference decode loop; use Sampler with its logits processors")
     if request.tree is not None and params.structured_outputs is not None:
         raise ValueError(f"requests[{i}] has both a tree and structured_outputs; give one constraint")
+    if request.tree is not None:
+        warn_prompt_start(request.tree, request.prompt, f"requests[{i}]")
     if params.structured_outputs is not None and manager is None:
         raise ValueError(f"requests[{i}] has structured_outputs but no StructuredOutputManager was passed")
 

@@ -113,12 +113,47 @@ def _as_tree(tree: TreeDFA | Mapping[str, Any] | str | os.PathLike | None, vocab
     return TreeDFA.from_prefix_dict(tree, vocab_size=vocab_size, device="cpu")
 
 
-def _logits_fn(model: Any):
+def _real_tokens(tokenizer: Any, draft_tokenizer: Any, target_vocab: int, draft_vocab: int | None) -> int | None:
+    """How many token ids are real (the tokenizers' tokens; ids past them are embedding-row padding),
+    or None when no tokenizer was given. The draft's tokenizer must map every token to the same id
+    as the target's; ValueError names the first token where they differ."""
+    if tokenizer is None:
+        if draft_tokenizer is not None:
+            raise ValueError("draft_tokenizer needs tokenizer (the target's) to compare with")
+        return None
+    real = len(tokenizer)
+    for what, size in (("target", target_vocab), ("draft", draft_vocab)):
+        if size is not None and real > size:
+            raise ValueError(f"the tokenizer has {real} tokens but the {what} model's vocab_size is {size}")
+    if draft_tokenizer is not None and draft_tokenizer is not tokenizer:
+        ours, theirs = tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+        if ours != theirs:
+            by_id = {i: t for t, i in ours.items()}
+            draft_by_id = {i: t for t, i in theirs.items()}
+            first = min(i for i in by_id.keys() | draft_by_id.keys() if by_id.get(i) != draft_by_id.get(i))
+            raise ValueError(
+                f"the tokenizers disagree on token id {first}: {by_id.get(first)!r} (target) vs "
+                f"{draft_by_id.get(first)!r} (draft); a draft model must share the target's tokens"
+            )
+    return real
+
+
+def _logits_fn(model: Any, width: int | None = None, real: int | None = None):
     """The model as the decode loop's callable: full logits, no KV cache built (the loop re-runs
-    whole sequences)."""
+    whole sequences). `width`: the columns the loop works with (the target's vocabulary): a draft's
+    logits are cut or -inf-padded to it. `real`: columns from here on are padding, set to -inf so
+    that they are never drafted nor sampled."""
 
     def run(input_ids: torch.Tensor) -> torch.Tensor:
-        return model(input_ids=input_ids, use_cache=False).logits
+        logits = model(input_ids=input_ids, use_cache=False).logits
+        if width is not None and logits.shape[-1] != width:
+            if logits.shape[-1] > width:
+                logits = logits[..., :width]
+            else:
+                logits = torch.nn.functional.pad(logits, (0, width - logits.shape[-1]), value=float("-inf"))
+        if real is not None and real < logits.shape[-1]:
+            logits[..., real:] = float("-inf")
+        return logits
 
     return run
 
@@ -143,6 +178,8 @@ def speculative_generate(
     num_return_sequences: int = 1,
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
+    tokenizer: Any = None,
+    draft_tokenizer: Any = None,
 ) -> SpeculativeOutput:
     """Generate from `inputs` with `target`, speculating with `draft` (or `ngram` prompt lookup,
     `draft=None`; with neither it is plain decoding, still with jump-forward over a tree).
@@ -158,6 +195,10 @@ def speculative_generate(
     eos_token_id / pad_token_id: default from the target's generation_config, then its config
         (the pad token falls back to the first EOS).
     max_new_tokens: default the target's generation_config.max_new_tokens, else 32.
+    tokenizer / draft_tokenizer: the target's tokenizer, and the draft's when it has its own. With
+        them, ids from `len(tokenizer)` on are embedding-row padding: masked in both models (never
+        drafted, never sampled), and a draft whose vocab_size differs from the target's only by such
+        padding is accepted once the two tokenizers are checked to give every token the same id.
     """
     if tree is not None and structured_outputs is not None:
         raise ValueError("give tree or structured_outputs, not both")
@@ -166,8 +207,14 @@ def speculative_generate(
     if num_return_sequences > 1 and temperature == 0:
         raise ValueError("num_return_sequences > 1 needs sampling (temperature > 0): greedy sequences would be identical")
     vocab_size = _vocab_size(target, "target")
-    if draft is not None and _vocab_size(draft, "draft") != vocab_size:
-        raise ValueError(f"the draft model's vocab_size {draft.config.vocab_size} differs from the target's {vocab_size}")
+    draft_vocab = _vocab_size(draft, "draft") if draft is not None else None
+    real = _real_tokens(tokenizer, draft_tokenizer, vocab_size, draft_vocab)
+    if draft_vocab is not None and draft_vocab != vocab_size and real is None:
+        raise ValueError(
+            f"the draft model's vocab_size {draft_vocab} differs from the target's {vocab_size}; when the "
+            f"difference is padding (embedding rows past the tokenizer's tokens), pass tokenizer= (and "
+            f"draft_tokenizer= if the draft has its own) so that the real tokens can be checked and the padding masked"
+        )
     eos_ids = _eos_ids(target, eos_token_id)
     if pad_token_id is None:
         pad_token_id = _config_value(target, "pad_token_id")
@@ -195,8 +242,9 @@ def speculative_generate(
     device = getattr(target, "device", None)
     try:
         result = generate(
-            _logits_fn(target), requests, eos_token_id=eos_ids[0] if eos_ids else None,
-            draft_model=_logits_fn(draft) if draft is not None else None, num_speculative_tokens=num_speculative_tokens,
+            _logits_fn(target, real=real), requests, eos_token_id=eos_ids[0] if eos_ids else None,
+            draft_model=_logits_fn(draft, vocab_size, real) if draft is not None else None,
+            num_speculative_tokens=num_speculative_tokens,
             ngram=ngram, jump_forward=jump_forward, manager=manager, pad_token_id=pad_token_id, device=device,
         )
     finally:

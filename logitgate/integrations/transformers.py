@@ -32,6 +32,7 @@ from ..structured.manager import DEFAULT_KIND_BACKENDS
 from ..structured.params import StructuredOutputsParams
 from ..structured.registry import get_grammar_backend_factory
 from ..structured.tree import TreeDFA
+from ..structured.tree_prompt import warn_prompt_start
 from .hf_speculative import SpeculativeOutput, speculative_generate
 
 try:  # transformers is optional: the processors are plain callables either way
@@ -110,12 +111,26 @@ class TreeLogitsProcessor(_HFLogitsProcessor):
 
     def states(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Tree state of every row after its generated tokens (batched, on the tree's device)."""
-        start, _ = self._prompt.observe(input_ids.shape[1])
+        start, new = self._prompt.observe(input_ids.shape[1])
+        if new and self.tree.start_token_id is not None:
+            self._check_prompts(input_ids[:, :start])
         tree_ids = input_ids[:, start:].to(self.tree.device)
         states = self.tree.initial_states(input_ids.shape[0])
         for column in range(tree_ids.shape[1]):
             states = self.tree.advance(states, tree_ids[:, column])
         return states
+
+    def _check_prompts(self, prompts: torch.Tensor) -> None:
+        """Warn once per generation (its first call) when prompts do not end in a prefix dict's start
+        token: one small copy to the host per generation, never per step."""
+        if prompts.shape[1] == 0:
+            warn_prompt_start(self.tree, [], "generate()")
+            return
+        last = prompts[:, -1].tolist()
+        bad = [row for row, token in enumerate(last) if token != self.tree.start_token_id]
+        if bad:
+            rows = ", ".join(map(str, bad[:8])) + (" ..." if len(bad) > 8 else "")
+            warn_prompt_start(self.tree, [last[bad[0]]], f"generate() row(s) {rows}")
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         _check_scores(input_ids, scores)

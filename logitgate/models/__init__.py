@@ -1,4 +1,5 @@
-"""Embedded models for the demo and tests: a byte-level tokenizer and a target / draft pair."""
+"""Embedded models for the demo and tests: a byte-level tokenizer (also as a Hugging Face tokenizer)
+and a target / draft pair."""
 from .byte_tokenizer import BOS_ID, EOS_ID, PAD_ID, ROOT_ID, SPECIAL_TOKENS, VOCAB_SIZE, ByteTokenizer
 from .demo import (
     CATALOG_PATH,
@@ -8,6 +9,7 @@ from .demo import (
     TREE_PATH,
     build_prefix_dict,
     catalog_prefix_dict,
+    demo_hf_tokenizer,
     demo_prompt,
     demo_tokenizer,
     load_catalog,
@@ -31,6 +33,7 @@ __all__ = [
     "ByteTokenizer",
     "build_prefix_dict",
     "catalog_prefix_dict",
+    "demo_hf_tokenizer",
     "demo_prompt",
     "demo_tokenizer",
     "load_catalog",

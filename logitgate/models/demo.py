@@ -38,6 +38,14 @@ def demo_tokenizer() -> ByteTokenizer:
     return _TOKENIZER
 
 
+def demo_hf_tokenizer() -> Any:
+    """The same tokenizer as a Hugging Face tokenizer, loaded offline from the target's directory
+    (identical ids; see `hf_byte_tokenizer`): what `AutoTokenizer`, xgrammar and engines use."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(TARGET_DIR, local_files_only=True)
+
+
 def demo_prompt(hint: str = "") -> list[int]:
     """Prompt token ids `<bos> hint <root>`; generation after it is a catalog name then `<eos>`."""
     return [BOS_ID, *_TOKENIZER.encode(hint), ROOT_ID]

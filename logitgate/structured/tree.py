@@ -217,8 +217,9 @@ class TreeDFA:
         device: str | torch.device | Backend | None = None,
         **options: Any,
     ) -> TreeDFA:
-        """Allowed strings, tokenised with `tokenizer(s) -> token ids` (e.g.
-        `lambda s: tok.encode(s, add_special_tokens=False)`); then as `from_sequences`."""
+        """Allowed strings, tokenised with `tokenizer(s) -> token ids`, or with a Hugging Face tokenizer
+        (transformers' or `tokenizers`') given as is: it is asked for no special tokens, and a string
+        that still tokenizes to one (BOS, EOS, ...) raises ValueError. Then as `from_sequences`."""
         sequences, names = tokenize_strings(strings, tokenizer)
         return cls.from_sequences(
             sequences, end_token_id=end_token_id, vocab_size=vocab_size, device=device, names=names, **options
@@ -266,6 +267,13 @@ class TreeDFA:
         """The largest token id the tree allows or steps on (the end token included); logits need
         more columns than this."""
         return int(self._host.info["max_token_id"])
+
+    @property
+    def start_token_id(self) -> int | None:
+        """A prefix dict's start token (the prompt's last token: the tree begins after it); None for
+        token tries and sequences."""
+        start = self._host.info.get("start_token_id")
+        return None if start is None else int(start)
 
     def _check_state(self, state: int) -> int:
         if not isinstance(state, (int, np.integer)) or isinstance(state, bool) or not 0 <= state < self.num_states:

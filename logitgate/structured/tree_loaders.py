@@ -384,14 +384,47 @@ def parse_token_trie(payload: Any, *, path: str | None = None, model_id: str | N
     return TokenTriePayload(payload_model, chosen[0].get("path"), names, sequences)
 
 
+def _special_token_encoder(tokenizer: Any) -> tuple[Callable[[str], Any], dict[int, str]] | None:
+    """For a Hugging Face tokenizer (transformers', or a `tokenizers.Tokenizer`): an encoder that adds
+    no special tokens, and the special ids with their text. Calling such a tokenizer adds them:
+    Llama-2's BOS would become the only token the tree's root allows. None for any other callable."""
+    encode = getattr(tokenizer, "encode", None)
+    if not callable(encode):
+        return None
+    if hasattr(tokenizer, "all_special_ids"):  # transformers
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        special = {int(i): str(t) for i, t in added.items() if getattr(t, "special", False)}
+        for i in tokenizer.all_special_ids:
+            special.setdefault(int(i), str(tokenizer.convert_ids_to_tokens(int(i))))
+        return (lambda s: encode(s, add_special_tokens=False)), special
+    if type(tokenizer).__module__.partition(".")[0] == "tokenizers":  # tokenizers.Tokenizer
+        added = tokenizer.get_added_tokens_decoder()
+        special = {int(i): t.content for i, t in added.items() if t.special}
+        return (lambda s: encode(s, add_special_tokens=False).ids), special
+    return None
+
+
 def tokenize_strings(strings: Iterable[str], tokenizer: Callable[[str], Any]) -> tuple[list[Any], list[str]]:
     """(token sequences, names): `tokenizer(s)` may return a list of ids, a 1-D tensor/array, or a
-    mapping / encoding with `input_ids` (a Hugging Face tokenizer called on one string)."""
+    mapping / encoding with `input_ids`. A Hugging Face tokenizer is asked for no special tokens, and
+    a string that still tokenizes to one (a tokenizer that always adds BOS, or a special token's text
+    inside the string) is an error naming the string and the token."""
+    hf = _special_token_encoder(tokenizer)
+    if hf is not None:
+        tokenizer, special = hf
     names, sequences = [], []
     for s in strings:
         if not isinstance(s, str):
             raise ValueError(f"strings must be str, got {type(s).__name__} ({s!r})")
         ids = tokenizer(s)
+        if hf is not None:
+            for position, token in enumerate(_as_list(ids)):
+                if int(token) in special:
+                    raise ValueError(
+                        f"string {s!r} tokenizes to the special token {special[int(token)]!r} (id {token}) at "
+                        f"position {position} even without special tokens; a tree of strings must hold only "
+                        f"their text's tokens (pass a callable that returns exactly the ids to allow)"
+                    )
         if not isinstance(ids, (list, tuple)) and "input_ids" in getattr(ids, "keys", lambda: ())():
             ids = ids["input_ids"]
         names.append(s)

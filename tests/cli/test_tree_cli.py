@@ -66,4 +66,14 @@ def test_inspect_sequences_and_unusable_files(write, tmp_path, capsys):
     assert main(["tree", "inspect", str(tmp_path / "missing.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["tree", "inspect", write({"a": 1}, "other.json"), "--end-token-id", "0"]) == 2
-    assert "neither a prefix-dict config" in capsys.readouterr().err
+    assert "has none of the keys of a prefix-dict config (start_token_id, end_token_id, prefix_dict), a " \
+        "TokenTreePayload (descriptors) or a list of token sequences; its keys: 'a'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, problem", [({}, "is an empty JSON object; expected a prefix-dict config"),
+                                              (7, "is a JSON int; expected a prefix-dict config")])
+def test_inspect_empty_or_scalar_file_says_what_is_expected(write, capsys, content, problem):
+    path = write(content, "empty.json")
+    assert main(["tree", "inspect", path]) == 2  # not "pass --end-token-id": the file is no tree at all
+    err = capsys.readouterr().err
+    assert f"tree file {path!r} {problem}" in err and "end-token-id" not in err

@@ -27,7 +27,7 @@ def write(tmp_path, name, text):
     [
         (DEEP, "is nested too deeply"),
         ('{"start_token_id": 1, "end_token_id": 2, "prefix_dict": {"1": [' + HUGE + "]}}", "cannot be read: Exceeds the limit"),
-        ("42", "is neither a prefix-dict config, a TokenTreePayload nor a list of token sequences (it holds a JSON int)"),
+        ("42", "is a JSON int; expected a prefix-dict config"),
     ],
 )
 def test_tree_inspect_bad_files_exit_2_with_the_file_named(tmp_path, capsys, text, message):

@@ -1,9 +1,12 @@
 import json
+import random
 
 import pytest
 import torch
 
-from vocab_helpers import EOS, PERSON_SCHEMA, VOCAB_SIZE, encode, plain_rows
+from real_tokenizers import real_tokenizer
+from vocab_helpers import EOS, PERSON_SCHEMA, VOCAB_SIZE, encode, plain_rows, xgr
+from logitgate import token_ids_from_bitmask
 from logitgate.structured.grammar import Grammar, GrammarBackend
 from logitgate.structured.registry import available_grammar_backends, get_grammar_backend_factory
 from logitgate.structured.xgrammar_backend import XGrammarBackend, choice_ebnf, clean_xgrammar_error
@@ -164,3 +167,84 @@ def test_fork_is_an_independent_copy(engine):
     assert g.validate_tokens([ord("b"), EOS]) == [ord("b"), EOS]
     assert twin.validate_tokens([ord("a"), ord("c"), EOS]) == [ord("a"), ord("c"), EOS]
     assert g.num_accepted_tokens == 1 and twin.num_accepted_tokens == 0
+
+
+# ---- real vocabularies: Llama-3 and Qwen2 (byte-level BPE), Llama-2 (SentencePiece, byte fallback) ----
+
+REAL_SCHEMA = {
+    "type": "object",
+    "properties": {"zone": {"enum": ["Europe/Berlin", "Asia/Tokyo"]}, "dst": {"type": "boolean"}},
+    "required": ["zone", "dst"],
+    "additionalProperties": False,
+}
+# Without optional whitespace (xgrammar then separates with ", " and ": ") the schema's language is
+# these four strings, so the exact allowed set after any prefix follows from the token texts alone.
+REAL_LANGUAGE = [
+    f'{{"zone": "{zone}", "dst": {dst}}}'.encode() for zone in ("Europe/Berlin", "Asia/Tokyo") for dst in ("true", "false")
+]
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2's printable stand-ins for bytes (byte-level BPE token strings), inverted: char -> byte."""
+    direct = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [b for b in range(256) if b not in direct]
+    return {**{chr(b): b for b in direct}, **{chr(256 + i): b for i, b in enumerate(shifted)}}
+
+
+def token_texts(tok, vocab_type) -> list[bytes | None]:
+    """Each token's bytes, decoded from the token strings independently of xgrammar; None for
+    special tokens (never allowed inside a grammar)."""
+    special = {int(i) for i, t in tok.added_tokens_decoder.items() if t.special}
+    byte_of = _byte_level_decoder()
+    texts: list[bytes | None] = []
+    for i, piece in enumerate(tok.convert_ids_to_tokens(list(range(len(tok))))):
+        if i in special or piece is None:
+            texts.append(None)
+        elif vocab_type == xgr.VocabType.BYTE_LEVEL:
+            texts.append(bytes(byte_of[c] for c in piece) if all(c in byte_of for c in piece) else piece.encode())
+        elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            texts.append(bytes([int(piece[3:5], 16)]))  # SentencePiece byte fallback
+        else:
+            texts.append(piece.replace("▁", " ").encode())
+    return texts
+
+
+def expected_allowed(pieces: dict[int, bytes], prefix: bytes, stop_ids) -> list[int]:
+    """The tokens whose text continues `prefix` inside the language; the stop tokens at its end."""
+    rest = [s[len(prefix):] for s in REAL_LANGUAGE if s.startswith(prefix)]
+    allowed = [i for i, t in pieces.items() if any(r.startswith(t) for r in rest)]
+    return sorted(allowed + (list(stop_ids) if b"" in rest else []))
+
+
+@pytest.mark.parametrize(
+    "name, vocab_type",
+    [("llama3", "BYTE_LEVEL"), ("qwen2", "BYTE_LEVEL"), ("llama2", "BYTE_FALLBACK")],
+)
+def test_real_vocabulary_json_bitmask_allows_exactly_the_right_tokens(name, vocab_type):
+    tok = real_tokenizer(name)
+    vocab_size = (len(tok) + 63) // 64 * 64  # embedding rows padded as models do
+    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab_size)
+    assert info.vocab_type == getattr(xgr.VocabType, vocab_type)
+    assert tok.eos_token_id in info.stop_token_ids
+    texts = token_texts(tok, info.vocab_type)
+    # Only a token whose text occurs inside the language can ever be allowed (keeps the steps fast).
+    pieces = {i: t for i, t in enumerate(texts) if t and any(t in s for s in REAL_LANGUAGE)}
+    backend = XGrammarBackend(info, vocab_size=vocab_size)
+    try:
+        grammar = backend.compile("json", REAL_SCHEMA, disable_any_whitespace=True)
+        rng = random.Random(name)
+        prefix, bitmask = b"", backend.allocate_token_bitmask(1)
+        for _ in range(64):  # a random walk through the language, one token at a time
+            grammar.fill_bitmask(bitmask, 0)
+            allowed = token_ids_from_bitmask(bitmask, vocab_size)[0]
+            assert allowed == expected_allowed(pieces, prefix, info.stop_token_ids), prefix
+            if prefix in REAL_LANGUAGE:
+                assert grammar.accept_tokens([tok.eos_token_id]) and grammar.is_terminated()
+                break
+            token = rng.choice([t for t in allowed if t not in info.stop_token_ids])
+            assert grammar.accept_tokens([token])
+            prefix += texts[token]
+        else:
+            pytest.fail(f"the walk did not finish: {prefix!r}")
+    finally:
+        backend.destroy()

@@ -26,6 +26,7 @@ from ...structured.constraint_state import TreeConstraint
 from ...backends.reference import num_bitmask_words
 from ...structured.bitmask import apply_token_bitmask_inplace
 from ...structured.tree import TreeDFA
+from ...structured.tree_prompt import warn_prompt_start
 from ...structured.tree_loaders import check_token_id, check_vocab_size
 from .interface import BatchUpdate, LogitsProcessor
 from .spec_layout import SpecDecodeLayout
@@ -171,6 +172,9 @@ class Tree(LogitsProcessor):
         trees: dict[int, TreeDFA | None] = {}
         # Compile every added request first: a bad one raises (naming its row) before any state changes.
         validate_added(batch_update, lambda params: trees.__setitem__(id(params), self.tree_for(params)))
+        for index, params, prompt_ids, _ in batch_update.added:  # once per request, never per step
+            if trees[id(params)] is not None:
+                warn_prompt_start(trees[id(params)], prompt_ids, f"tree_decode request added at row {index}")
 
         def new_row(params: Any, _prompt: list[int] | None, output_ids: list[int]) -> _TreeRow | None:
             tree = trees[id(params)]
