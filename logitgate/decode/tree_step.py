@@ -13,6 +13,7 @@ output identical (columns follow token order, so the argmax breaks ties as the d
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,6 +25,25 @@ from ..structured.tree import TreeDFA
 from ..structured.tree_candidates import SparseRows, plan_tree_step, resolve_sparse_max_fraction, tree_layouts
 
 __all__ = ["tree_spec_step", "use_sparse_verification"]
+
+
+_allow_codes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _draft_columns(tree: TreeDFA, states: np.ndarray, tokens: Sequence[int], vocab: int, width: int) -> np.ndarray:
+    """Column of each draft in its state's candidates; width - 1 (the reject column) when the state
+    does not allow it; width (a placeholder) for ids outside the vocabulary. One searchsorted over
+    the tree's (state, token) codes, which are sorted as the CSR rows are."""
+    codes = _allow_codes.get(tree)
+    if codes is None:
+        host = tree._host
+        owner = np.repeat(np.arange(len(host.allow_ptr) - 1, dtype=np.int64), np.diff(host.allow_ptr))
+        codes = _allow_codes.setdefault(tree, (owner << 32) | host.allow_tok.astype(np.int64))
+    t = np.asarray(tokens, dtype=np.int64)
+    query = (states << 32) | np.clip(t, 0, (1 << 32) - 1)
+    at = np.minimum(np.searchsorted(codes, query), len(codes) - 1)
+    columns = np.where(codes[at] == query, at - tree._host.allow_ptr[states], width - 1)
+    return np.where((t >= 0) & (t < vocab), columns, width).astype(np.int64)
 
 
 def use_sparse_verification(tree: TreeDFA, host_states: Sequence[int], vocab_size: int, sparse_max_fraction: float | None = None) -> bool:
@@ -74,18 +94,7 @@ def tree_spec_step(
     offsets = np.concatenate([[0], np.cumsum([c + 1 for c in counts])])
     draft_rows = np.concatenate([np.arange(offsets[i], offsets[i] + counts[i]) for i in range(batch)]).astype(np.int64)
     bonus_rows = offsets[1:] - 1
-    columns = []
-    for row, token in zip(draft_rows.tolist(), (t for d in drafts for t in d)):
-        s = host[row]
-        allowed = tok[ptr[s] : ptr[s + 1]]
-        at = int(np.searchsorted(allowed, token))
-        if not 0 <= token < vocab:
-            columns.append(width)  # a placeholder stays one: outside the layout's columns
-        elif at < len(allowed) and allowed[at] == token:
-            columns.append(at)
-        else:
-            columns.append(width - 1)
-    draft_columns = torch.tensor(columns, dtype=torch.int64, device=device)
+    draft_columns = torch.from_numpy(_draft_columns(tree, host[draft_rows], [t for d in drafts for t in d], vocab, width)).to(device)
     draft_index, bonus_index = to_device(draft_rows), to_device(bonus_rows)
     gathered_probs = None
     if draft_probs is not None:
