@@ -36,6 +36,7 @@ from .tree import TreeDFA
 __all__ = [
     "DEFAULT_SPARSE_MAX_FRACTION",
     "DenseRows",
+    "keep_only_allowed",
     "SparseRows",
     "TreeStepPlan",
     "plan_tree_step",
@@ -301,3 +302,28 @@ def sample_tree_step(
 
     plan = plan_tree_step(tree, states, logits.shape[-1], host_states=host_states, sparse_max_fraction=sparse_max_fraction)
     return sample_layouts(sampler, tree_layouts(plan, logits), metadata, logits.shape[0])
+
+
+def keep_only_allowed(
+    tree: TreeDFA, logits: torch.Tensor, states: torch.Tensor, rows: torch.Tensor | None = None, *, max_width: int | None = None
+) -> torch.Tensor:
+    """In place: row rows[i] of `logits` (B, V) (default row i) keeps only the tokens tree state
+    states[i] allows, every other column -inf, columns past the tree's vocabulary included. This is
+    how a logits processor, which must return whole rows, masks with the tree: fill the row and put
+    the allowed logits back, with no bitmask built (measured 1.7-2.3x faster than fill_bitmask +
+    apply on CPU, scripts/bench_tree.py). `max_width` bounds the rows' widths (default the tree's
+    widest state); rows must be distinct; no host sync. Returns logits."""
+    states = tree._check_batch(states).long()
+    if logits.device != tree.device:
+        raise ValueError(f"logits are on {logits.device} but the tree is on {tree.device}")
+    if tree.max_token_id >= logits.shape[-1]:
+        raise ValueError(f"the tree uses token id {tree.max_token_id} but the logits have only {logits.shape[-1]} columns")
+    if rows is None:
+        if states.shape[0] != logits.shape[0]:
+            raise ValueError(f"{states.shape[0]} states for {logits.shape[0]} logits rows; pass rows=")
+        rows = torch.arange(states.shape[0], device=states.device)
+    tree.backend.keep_candidate_logits(
+        logits, rows, tree._allow_start[states], tree._width[states].long(), tree._allow_tok,
+        tree.max_width if max_width is None else max_width,
+    )
+    return logits

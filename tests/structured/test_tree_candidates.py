@@ -96,3 +96,27 @@ def test_crossover_is_overridable(monkeypatch):
         resolve_sparse_max_fraction()
     with pytest.raises(ValueError, match="sparse_max_fraction must be a number in"):
         resolve_sparse_max_fraction(1.5)
+
+
+@given(case=trees_and_states())
+def test_keep_only_allowed_equals_the_bitmask_masking(case):
+    import logitgate
+    from logitgate.structured.tree_candidates import keep_only_allowed
+
+    tree, states = case
+    logits = torch.randn(len(states), VOCAB + 7)  # LM-head padding past the tree's vocabulary
+    want = logits.clone()
+    bitmask = logitgate.allocate_token_bitmask(len(states), VOCAB + 7)
+    tree.fill_bitmask(torch.tensor(states), bitmask)
+    logitgate.apply_token_bitmask_inplace(want, bitmask)
+    assert torch.equal(keep_only_allowed(tree, logits, torch.tensor(states)), want)
+
+
+def test_keep_only_allowed_checks_its_inputs():
+    from logitgate.structured.tree_candidates import keep_only_allowed
+
+    tree = TreeDFA.from_sequences([[5, 6]], end_token_id=0, vocab_size=VOCAB, cache=False)
+    with pytest.raises(ValueError, match="2 states for 1 logits rows"):
+        keep_only_allowed(tree, torch.zeros(1, VOCAB), torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="token id 6 but the logits have only 4 columns"):
+        keep_only_allowed(tree, torch.zeros(1, 4), torch.tensor([0]))
