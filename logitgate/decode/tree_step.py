@@ -22,7 +22,7 @@ import torch
 from ..sampling.rejection import rejection_sample
 from ..sampling.sampler import Sampler, SamplingMetadata
 from ..structured.tree import TreeDFA
-from ..structured.tree_candidates import SparseRows, plan_tree_step, resolve_sparse_max_fraction, tree_layouts
+from ..structured.tree_candidates import SparseRows, host_widths, plan_tree_step, resolve_sparse_max_fraction, tree_layouts
 
 __all__ = ["tree_spec_step", "use_sparse_verification"]
 
@@ -49,7 +49,7 @@ def _draft_columns(tree: TreeDFA, states: np.ndarray, tokens: Sequence[int], voc
 def use_sparse_verification(tree: TreeDFA, host_states: Sequence[int], vocab_size: int, sparse_max_fraction: float | None = None) -> bool:
     """Whether the step's rows (all in one layout of width max(widths) + 1) are cheaper sparse:
     the widest row, plus the reject column, within the crossover fraction of the vocabulary."""
-    widest = int(tree._host.widths[np.asarray(host_states, dtype=np.int64)].max()) if len(host_states) else 0
+    widest = int(host_widths(tree, np.asarray(host_states, dtype=np.int64)).max()) if len(host_states) else 0
     return widest + 1 <= resolve_sparse_max_fraction(sparse_max_fraction) * vocab_size
 
 
@@ -82,7 +82,7 @@ def tree_spec_step(
         return [[t] for t in out.sampled_token_ids[:, 0].tolist()]
     host = np.asarray(host_states, dtype=np.int64)
     ptr, tok = tree._host.allow_ptr, tree._host.allow_tok
-    widths = tree._host.widths[host].astype(np.int64)
+    widths = host_widths(tree, host)
     width = int(widths.max()) + 1  # the last column is never allowed: drafts the tree rejects point there
     to_device = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True)  # noqa: E731
     group = SparseRows(

@@ -149,6 +149,12 @@ class TreeStepPlan:
         return sum(len(g.rows) * g.width for g in self.sparse)
 
 
+def host_widths(tree: TreeDFA, host_states: np.ndarray) -> np.ndarray:
+    """int64 allowed-token counts of host states (no device access)."""
+    ptr = tree._host.allow_ptr
+    return (ptr[host_states + 1] - ptr[host_states]).astype(np.int64)
+
+
 def _as_host_states(tree: TreeDFA, host_states: Sequence[int] | np.ndarray) -> np.ndarray:
     states = np.asarray(host_states, dtype=np.int64).reshape(-1)
     if len(states) and (states.min() < 0 or states.max() >= tree.num_states):
@@ -163,11 +169,9 @@ def _split(widths: np.ndarray) -> list[np.ndarray]:
     order = np.argsort(widths, kind="stable")
     sorted_w = widths[order]
     n = len(order)
-    best_cost, best_k = n * int(sorted_w[-1]), n
-    for k in range(1, n):  # rows [0, k) narrow, [k, n) wide
-        cost = k * int(sorted_w[k - 1]) + (n - k) * int(sorted_w[-1]) + _GROUP_COST
-        if cost < best_cost:
-            best_cost, best_k = cost, k
+    k = np.arange(1, n)  # rows [0, k) narrow, [k, n) wide
+    costs = k * sorted_w[:-1] + (n - k) * sorted_w[-1] + _GROUP_COST
+    best_k = int(k[np.argmin(costs)]) if n > 1 and costs.min() < n * sorted_w[-1] else n
     if best_k == n:
         return [np.sort(order)]
     return [np.sort(order[:best_k]), np.sort(order[best_k:])]
@@ -215,7 +219,7 @@ def plan_tree_step(
     host = _as_host_states(tree, host_states)
     if len(host) != n:
         raise ValueError(f"host_states has {len(host)} entries for {n} states")
-    widths = tree._host.widths[host].astype(np.int64)
+    widths = host_widths(tree, host)
     dense_idx = np.flatnonzero(widths > limit)
     sparse_idx = np.flatnonzero(widths <= limit)
 

@@ -257,10 +257,21 @@ def _argmax_kernel(logits, bits, out):  # pragma: no cover - jitted
         out[r] = _row_argmax(logits[r], bits[r])
 
 
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _argmax_serial(logits, bits, out):  # pragma: no cover - jitted
+    for r in range(logits.shape[0]):
+        out[r] = _row_argmax(logits[r], bits[r])
+
+
+# Up to this many values a serial loop beats the parallel launch (small sparse layouts).
+_ARGMAX_SERIAL_MAX = 1 << 16
+
+
 def argmax_cpu(logits: torch.Tensor) -> torch.Tensor:
     """int64 (B,): torch.argmax(logits, -1) for float32 (B, V) logits with V >= 1, about twice as
     fast (torch's CPU argmax is a scalar loop)."""
     out = torch.empty(logits.shape[0], dtype=torch.int64)
     if logits.shape[0]:
-        _argmax_kernel(logits.numpy(), logits.view(torch.int32).numpy(), out.numpy())
+        kernel = _argmax_serial if logits.numel() <= _ARGMAX_SERIAL_MAX else _argmax_kernel
+        kernel(logits.numpy(), logits.view(torch.int32).numpy(), out.numpy())
     return out

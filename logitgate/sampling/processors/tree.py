@@ -20,13 +20,14 @@ import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from ...structured.constraint_state import TreeConstraint
 from ...backends.reference import num_bitmask_words
 from ...structured.bitmask import apply_token_bitmask_inplace
 from ...structured.tree import TreeDFA
-from ...structured.tree_candidates import keep_only_allowed
+from ...structured.tree_candidates import host_widths, keep_only_allowed
 from ...structured.tree_loaders import check_token_id, check_vocab_size
 from .interface import BatchUpdate, LogitsProcessor
 from .spec_layout import SpecDecodeLayout
@@ -227,7 +228,7 @@ class Tree(LogitsProcessor):
         if all(tree.device == logits.device for tree, _ in by_tree.values()):
             for tree, pairs in by_tree.values():
                 states = [state for _, state in pairs]
-                widest = int(max(tree._host.widths[states]))
+                widest = int(host_widths(tree, np.asarray(states, dtype=np.int64)).max())
                 keep_only_allowed(
                     tree, logits, self._upload(states, tree.device), self._upload([row for row, _ in pairs], logits.device),
                     max_width=widest,
