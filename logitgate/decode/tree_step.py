@@ -21,6 +21,7 @@ import torch
 
 from ..sampling.rejection import rejection_sample
 from ..sampling.sampler import Sampler, SamplingMetadata
+from ..sampling.sparse import sample_layouts
 from ..structured.tree import TreeDFA
 from ..structured.tree_candidates import SparseRows, host_widths, plan_tree_step, resolve_sparse_max_fraction, tree_layouts
 
@@ -76,8 +77,6 @@ def tree_spec_step(
     if sum(counts) == 0:
         states = torch.tensor(list(host_states), dtype=torch.int64).to(tree.device, non_blocking=True)
         plan = plan_tree_step(tree, states, vocab, host_states=host_states, sparse_max_fraction=sparse_max_fraction)
-        from ..sampling.sparse import sample_layouts
-
         out = sample_layouts(sampler, tree_layouts(plan, logits), metadata, batch)
         return [[t] for t in out.sampled_token_ids[:, 0].tolist()]
     host = np.asarray(host_states, dtype=np.int64)

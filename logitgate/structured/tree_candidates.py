@@ -274,6 +274,9 @@ def tree_layouts(plan: TreeStepPlan, logits: torch.Tensor) -> list:
     objects for `sample_layouts`."""
     from ..sampling.sparse import Layout
 
+    for part in (plan.dense, *plan.sparse):
+        if part is not None and part.tree.device != logits.device:
+            raise ValueError(f"logits are on {logits.device} but the tree is on {part.tree.device}")
     everything = list(range(logits.shape[0]))
     layouts = []
     if plan.dense is not None:
