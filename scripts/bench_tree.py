@@ -12,7 +12,19 @@ tokens, B=64 rows two tokens into their items), logitgate against, in the same p
 "constrain" is the masking alone; "greedy" adds the argmax that picks the token. Also: the time to
 compile a ~1M-entry prefix dict (from a dict and from JSON text), and TreeDFA.advance.
 
-    python scripts/bench_tree.py [--quick] [--items N] [--xgrammar-items N] [--out FILE] [--plot FILE.png]
+The "steps" section (issue 11) times a whole step = constraint + sampling (greedy, and T=1.0 with
+top-p 0.9; the same Sampler everywhere) on three trees, B=64 rows at depths 0-2:
+- random: 20k items of 3-8 tokens drawn uniformly from the vocabulary (the root allows ~18.5k);
+- catalog: the narrow codebook catalog above (no node allows more than 256 tokens);
+- strings: TreeDFA.from_strings over 100k strings (two or three word-like tokens of the real
+  Llama-3 tokenizer, joined by spaces) tokenized with that tokenizer (add_special_tokens=False),
+  with its compile time and memory per node;
+methods: rtp_style (string keys, uint8 host mask, masked_fill, Sampler), logitgate_dense
+(fill_bitmask + apply, Sampler) and logitgate_tree_step (structured/tree_candidates.py:
+sample_tree_step, the default crossover), interleaved, medians; "crossover" times sparse against
+dense for rows allowing a growing fraction of the vocabulary. `--steps-only` skips the rest.
+
+    python scripts/bench_tree.py [--quick] [--steps-only] [--items N] [--xgrammar-items N] [--out FILE] [--plot FILE.png]
 """
 from __future__ import annotations
 
@@ -28,7 +40,9 @@ import torch
 import logitgate
 from logitgate import TreeDFA
 from logitgate.backends.cpu.threads import set_thread_cap
-from logitgate.cli.bench_harness import Progress, emit, plot_bars, time_runs
+from logitgate.cli.bench_harness import Progress, emit, median_seconds, plot_bars, time_runs
+from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams
+from logitgate.structured.tree_candidates import keep_only_allowed, sample_tree_step
 
 START, END = 1, 2
 CODEBOOK, BASE = 256, 1000  # item token j of an item comes from codebook j: BASE + j*CODEBOOK + code
@@ -221,6 +235,180 @@ def bench_compile(n_entries: int, repeats: int) -> dict:
     }
 
 
+# ---- whole steps: constraint + sampling (issue 11) ---------------------------------------------
+
+STEP_MODES = {"greedy": dict(temperature=0.0), "top_p": dict(temperature=1.0, top_p=0.9)}
+
+
+def random_items(n: int, vocab: int, seed: int = 3) -> list[tuple[int, ...]]:
+    rng = np.random.default_rng(seed)
+    return [tuple(rng.integers(3, vocab, rng.integers(3, 9)).tolist()) for _ in range(n)]
+
+
+def word_strings(tokenizer, n: int, seed: int = 4) -> list[str]:
+    """n distinct strings of two or three word-like tokens of the tokenizer's own vocabulary."""
+    words = sorted({t.lstrip("\u0120") for t in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+                    if t and t.lstrip("\u0120").isalpha() and t.lstrip("\u0120").isascii() and len(t.lstrip("\u0120")) >= 3})
+    rng = np.random.default_rng(seed)
+    out: dict[str, None] = {}
+    while len(out) < n:
+        k = 2 + int(rng.integers(0, 2))
+        out.setdefault(" ".join(words[i] for i in rng.integers(0, len(words), k)))
+    return list(out)
+
+
+def step_methods(tree: TreeDFA, config: dict, prefixes, vocab: int, mode: str):
+    """name -> fn(logits) for one step of B rows at `prefixes` (token tuples from the tree's root)."""
+    batch = len(prefixes)
+    states = torch.tensor([tree.walk(p) for p in prefixes])
+    metadata = SamplingMetadata.from_params([SamplingParams(**STEP_MODES[mode])] * batch)
+    sampler = Sampler()
+    bitmask = logitgate.allocate_token_bitmask(batch, vocab)
+    rtp_constrain, _ = rtp_style(config, prefixes, vocab)
+
+    def rtp(x):
+        rtp_constrain(x)
+        return sampler(x, metadata).sampled_token_ids
+
+    def dense(x):
+        tree.fill_bitmask(states, bitmask)
+        logitgate.apply_token_bitmask_inplace(x, bitmask)
+        return sampler(x, metadata).sampled_token_ids
+
+    def tree_step(x):
+        return sample_tree_step(sampler, x, tree, states, metadata).sampled_token_ids
+
+    return {"rtp_style": rtp, "logitgate_dense": dense, "logitgate_tree_step": tree_step}, states
+
+
+def interleaved_medians(methods: dict, logits: torch.Tensor, repeats: int) -> dict[str, float]:
+    """Median ms per method; the methods take turns, each on a fresh copy of the logits (the copy
+    is not timed)."""
+    work = logits.clone()
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    for name, fn in methods.items():  # warm-up (numba compile / cache load)
+        work.copy_(logits)
+        fn(work)
+    for _ in range(repeats):
+        for name, fn in methods.items():
+            work.copy_(logits)
+            start = time.perf_counter()
+            fn(work)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+
+
+def step_rows(tree_name: str, items, vocabs: list[int], repeats: int, with_rtp_at: int) -> list[dict]:
+    config = prefix_dict_config(items)
+    rng = np.random.default_rng(5)
+    prefixes = [items[i][: d % 3] for d, i in enumerate(rng.integers(0, len(items), BATCH))]  # depths 0-2
+    rows = []
+    for vocab in vocabs:
+        tree = TreeDFA.from_sequences(items, end_token_id=END, vocab_size=vocab, device="cpu")
+        logits = torch.randn(BATCH, vocab, generator=torch.Generator().manual_seed(0))
+        for mode in STEP_MODES:
+            methods, states = step_methods(tree, config, prefixes, vocab, mode)
+            if vocab != with_rtp_at:
+                methods.pop("rtp_style")
+            if mode == "greedy":  # the paths pick the same tokens
+                picks = [fn(logits.clone()) for fn in methods.values()]
+                assert all(torch.equal(p, picks[0]) for p in picks)
+            ms = interleaved_medians(methods, logits, repeats)
+            widths = tree._host.widths[states.numpy()]
+            row = {"case": tree_name, "mode": mode, "vocab": vocab, "allowed_sum": int(widths.sum()),
+                   "allowed_max": int(widths.max()), **{f"{k}_ms": v for k, v in ms.items()}}
+            row["tree_step_speedup_vs_dense"] = ms["logitgate_dense"] / ms["logitgate_tree_step"]
+            if "rtp_style" in ms:
+                row["tree_step_speedup_vs_rtp_style"] = ms["rtp_style"] / ms["logitgate_tree_step"]
+            rows.append(row)
+        rows.append(processor_mask_row(tree_name, tree, states, logits, repeats))
+    return rows
+
+
+def processor_mask_row(tree_name: str, tree: TreeDFA, states: torch.Tensor, logits: torch.Tensor, repeats: int) -> dict:
+    """A logits processor returns whole rows: bitmask fill + apply against keep_only_allowed (fill
+    -inf, put the allowed logits back)."""
+    bitmask = logitgate.allocate_token_bitmask(*logits.shape)
+
+    def with_bitmask(x):
+        tree.fill_bitmask(states, bitmask)
+        logitgate.apply_token_bitmask_inplace(x, bitmask)
+
+    methods = {"bitmask": with_bitmask, "keep_only_allowed": lambda x: keep_only_allowed(tree, x, states)}
+    ms = interleaved_medians(methods, logits, repeats)
+    return {"case": f"{tree_name}/processor_mask", "vocab": logits.shape[1], "bitmask_ms": ms["bitmask"],
+            "keep_only_allowed_ms": ms["keep_only_allowed"], "keep_speedup_vs_bitmask": ms["bitmask"] / ms["keep_only_allowed"]}
+
+
+def strings_tree(n: int, vocab: int) -> tuple[list[tuple[int, ...]], dict]:
+    from logitgate.models.real_vocab import load_tokenizer
+
+    tokenizer = load_tokenizer("llama3")
+    strings = word_strings(tokenizer, n)
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    start = time.perf_counter()
+    sequences = [tuple(encode(text)) for text in strings]
+    tokenize_s = time.perf_counter() - start
+    start = time.perf_counter()
+    TreeDFA.from_sequences(sequences, end_token_id=END, vocab_size=vocab, device="cpu", cache=False)
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    tree = TreeDFA.from_strings(strings, encode, end_token_id=END, vocab_size=vocab, device="cpu", cache=False)
+    from_strings_s = time.perf_counter() - start
+    stats = tree.stats()
+    info = {"strings": n, "examples": strings[:3], "tokens": sum(map(len, sequences)), "tokenize_s": tokenize_s,
+            "compile_s": compile_s, "from_strings_s": from_strings_s, "nodes": stats["nodes"],
+            "max_width": stats["max_width"], "device_bytes": stats["device_bytes"], "bytes_per_node": stats["bytes_per_node"]}
+    return sequences, info
+
+
+def crossover_rows(vocab: int, repeats: int) -> list[dict]:
+    """All B rows at a root allowing a fraction f of the vocabulary: sparse (every row gathered)
+    against dense (every row masked), per mode; the crossover is where the ratio falls below 1."""
+    rows = []
+    for fraction in (0.05, 0.1, 0.25, 0.5, 0.75):
+        tokens = np.sort(np.random.default_rng(6).choice(np.arange(3, vocab), int(fraction * vocab), replace=False))
+        tree = TreeDFA.from_sequences([[int(t)] for t in tokens], end_token_id=END, vocab_size=vocab, device="cpu", cache=False)
+        states = tree.initial_states(BATCH)
+        logits = torch.randn(BATCH, vocab, generator=torch.Generator().manual_seed(0))
+        for mode in STEP_MODES:
+            metadata = SamplingMetadata.from_params([SamplingParams(**STEP_MODES[mode])] * BATCH)
+            sampler = Sampler()
+            methods = {
+                "sparse": lambda x: sample_tree_step(sampler, x, tree, states, metadata, sparse_max_fraction=1.0),
+                "dense": lambda x: sample_tree_step(sampler, x, tree, states, metadata, sparse_max_fraction=0.0),
+            }
+            ms = interleaved_medians(methods, logits, repeats)
+            rows.append({"case": "crossover", "allowed": fraction, "mode": mode, "vocab": vocab,
+                         "sparse_ms": ms["sparse"], "dense_ms": ms["dense"], "sparse_speedup_vs_dense": ms["dense"] / ms["sparse"]})
+    return rows
+
+
+def bench_steps(items: int, strings: int, repeats: int, quick: bool) -> dict:
+    main_v = 128256
+    big = [main_v] if quick else [main_v, 256000]
+    out_rows = step_rows("random", random_items(items, main_v), big, repeats, main_v)
+    out_rows += step_rows("catalog", make_catalog(items), [32000] + big, repeats, main_v)
+    sequences, info = strings_tree(strings, main_v)
+    out_rows += step_rows("strings", sequences, big, repeats, main_v)
+    cross = crossover_rows(main_v, max(5, repeats // 2))
+    main = [r for r in out_rows if r["vocab"] == main_v and "tree_step_speedup_vs_rtp_style" in r]
+    flat = {}
+    for r in out_rows:
+        if "logitgate_tree_step_ms" not in r:
+            continue
+        flat.setdefault(f"{r['case']}/{r['mode']}", {})[str(r["vocab"])] = r["logitgate_tree_step_ms"]
+    return {
+        "goals": "tree step >= 30x rtp_style on every tree, >= 5x dense on narrow trees, never slower than dense, flat in V",
+        "min_speedup_vs_rtp_style": min(r["tree_step_speedup_vs_rtp_style"] for r in main),
+        "min_speedup_vs_dense": min(r["tree_step_speedup_vs_dense"] for r in out_rows if "tree_step_speedup_vs_dense" in r),
+        "tree_step_ms_by_vocab": flat,
+        "strings_tree": info,
+        "rows": out_rows,
+        "crossover": cross,
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer repeats and vocabularies, a smaller compile test")
@@ -230,6 +418,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch and numba threads for every method (1: robust on a shared, loaded host)")
+    parser.add_argument("--steps-only", action="store_true", help="only the constraint + sampling steps (issue 11)")
+    parser.add_argument("--strings", type=int, default=100_000, help="strings in the from_strings tree")
     parser.add_argument("--out")
     parser.add_argument("--plot")
     args = parser.parse_args(argv)
@@ -240,6 +430,12 @@ def main(argv: list[str] | None = None) -> dict:
     xgr_n = args.xgrammar_items if args.xgrammar_items is not None else (300 if args.quick else 2000)
     compile_entries = args.compile_entries or (100_000 if args.quick else 1_000_000)
     vocabs = [32000, 128256] if args.quick else [32000, 128256, 256000]
+    steps = bench_steps(args.items, args.strings // (5 if args.quick else 1), repeats, args.quick)
+    if args.steps_only:
+        result = {"benchmark": "tree_decode_step", "backend": "cpu", "torch_threads": torch.get_num_threads(),
+                  "batch": BATCH, "steps": {k: v for k, v in steps.items() if k != "rows"}, "rows": steps["rows"]}
+        emit(result, args.out)
+        return result
     items = make_catalog(args.items)
     config = prefix_dict_config(items)
     tree = TreeDFA.from_prefix_dict(config, vocab_size=max(vocabs), device="cpu")
@@ -266,7 +462,8 @@ def main(argv: list[str] | None = None) -> dict:
             "sparse_ms_by_vocab": dict(zip(map(str, vocabs), sparse)),
             "sparse_max_over_min": max(sparse) / min(sparse),
         },
-        "rows": rows,
+        "rows": rows + steps["rows"],
+        "steps": {k: v for k, v in steps.items() if k != "rows"},
     }
     progress.step(f"compile a {compile_entries}-entry prefix dict")
     result["compile"] = bench_compile(compile_entries, 1 if args.quick else 3)

@@ -93,6 +93,33 @@ class Backend(ABC):
         reference.fill_tree_bitmask_reference); on the device, no host sync."""
         reference.fill_tree_bitmask_reference(bitmask, states, allow_start, allow_tok, fill_width, max_width, dense_rows, dense_slot)
 
+    def gather_candidate_logits(
+        self,
+        logits: torch.Tensor,
+        rows: torch.Tensor,
+        starts: torch.Tensor,
+        widths: torch.Tensor,
+        allow_tok: torch.Tensor,
+        width: int,
+    ) -> torch.Tensor:
+        """float32 (n, width): row i holds logits[rows[i]] at the tokens allow_tok[starts[i] :
+        starts[i] + widths[i]], then -inf (see reference.gather_candidate_logits_reference); no
+        host sync."""
+        return reference.gather_candidate_logits_reference(logits, rows, starts, widths, allow_tok, width)
+
+    def keep_candidate_logits(
+        self,
+        logits: torch.Tensor,
+        rows: torch.Tensor,
+        starts: torch.Tensor,
+        widths: torch.Tensor,
+        allow_tok: torch.Tensor,
+        width: int,
+    ) -> None:
+        """In place: rows[i] of logits keeps only the tokens allow_tok[starts[i] : starts[i] +
+        widths[i]], the rest becomes -inf (see reference.keep_candidate_logits_reference)."""
+        reference.keep_candidate_logits_reference(logits, rows, starts, widths, allow_tok, width)
+
     # ---- speculative decoding: rejection sampling (layout and semantics in reference.py) ----
 
     # The noise `rejection_recover` consumes: "uniform" = one float64 per request (inverse CDF, cheap
@@ -185,6 +212,10 @@ class Backend(ABC):
         reference.py), or None when the backend can tell for free that no row is undefined. Default:
         computed for every row, without a host sync."""
         return reference.fallback_tokens(scores)
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """int64 (B,): torch.argmax(logits, dim=-1) (the first maximum; NaN counts as the maximum)."""
+        return logits.argmax(dim=-1)
 
     def apply_top_k_top_p(
         self, logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None, max_top_k: int | None

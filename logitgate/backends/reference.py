@@ -69,6 +69,47 @@ def gather_csr_rows(
     return values[torch.where(valid, first + offs, first)], valid
 
 
+def gather_candidate_logits_reference(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    starts: torch.Tensor,
+    widths: torch.Tensor,
+    allow_tok: torch.Tensor,
+    width: int,
+) -> torch.Tensor:
+    """float32 (n, width): out[i, j] = logits[rows[i], allow_tok[starts[i] + j]] for j < widths[i],
+    -inf after (the sparse sampling layout of tree candidates; column j of row i stands for token
+    allow_tok[starts[i] + j]). Every widths[i] must be <= width."""
+    offs = torch.arange(width, device=logits.device)
+    valid = offs < widths.unsqueeze(1)
+    index = torch.where(valid, starts.unsqueeze(1) + offs, starts.unsqueeze(1))
+    tokens = allow_tok[index].long()
+    values = logits[rows.unsqueeze(1), tokens].float()
+    return values.masked_fill_(~valid, float("-inf"))
+
+
+def keep_candidate_logits_reference(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    starts: torch.Tensor,
+    widths: torch.Tensor,
+    allow_tok: torch.Tensor,
+    width: int,
+) -> None:
+    """In place: every logit of row rows[i] becomes -inf except the tokens
+    allow_tok[starts[i] : starts[i] + widths[i]] (the dense masking of tree candidates without a
+    bitmask: fill the row, scatter the allowed logits back). Every widths[i] must be <= width;
+    rows must be distinct."""
+    if width == 0 or rows.numel() == 0:
+        return
+    offs = torch.arange(width, device=logits.device)
+    valid = offs < widths.unsqueeze(1)
+    tokens = allow_tok[torch.where(valid, starts.unsqueeze(1) + offs, starts.unsqueeze(1))].long()
+    kept = logits[rows.unsqueeze(1), tokens]
+    logits[rows] = float("-inf")
+    logits[rows.unsqueeze(1), tokens] = kept  # padding repeats a row's first token with its own value
+
+
 def fill_tree_bitmask_reference(
     bitmask: torch.Tensor,
     states: torch.Tensor,

@@ -32,6 +32,7 @@ from ..structured.bitmask import apply_token_bitmask_inplace
 from ..structured.manager import StructuredOutputManager
 from ..structured.tree import TreeDFA
 from ..structured.tree_prompt import warn_prompt_start
+from .tree_step import tree_spec_step, use_sparse_verification
 
 Model = Callable[[torch.Tensor], torch.Tensor]
 MAX_FORCED_TOKENS = 32  # forced tokens appended per step (each costs one position of the target pass)
@@ -184,12 +185,17 @@ def generate(
     manager: StructuredOutputManager | None = None,
     pad_token_id: int = 0,
     device: torch.device | str | None = None,
+    sparse_max_fraction: float | None = None,
 ) -> GenerationResult:
     """Generate every request (each `params.n` times) in one batch; see the module docstring.
 
     num_speculative_tokens: drafts per step from `draft_model` or, with `ngram=n`, from prompt
     lookup (n-gram drafts carry no probabilities: vLLM's point-mass mode). jump_forward: append a
     tree's forced tokens as drafts (accepted with probability 1, they save target passes).
+    sparse_max_fraction: the tree-decode crossover (structured/tree_candidates.py): a step whose
+    sequences all decode under one TreeDFA samples and verifies over the tree's candidates while
+    its widest row allows at most this fraction of the vocabulary (None: the measured default,
+    or LOGITGATE_TREE_SPARSE_MAX_FRACTION).
     """
     if draft_model is not None and ngram is not None:
         raise ValueError("give draft_model or ngram, not both")
@@ -228,7 +234,7 @@ def generate(
         # The vocabulary (logits width) is needed before the first target pass to lay out draft rows.
         vocab = _run(model, [seqs[0].tokens[-1:]], pad_token_id, device).shape[-1] if seqs else 0
         while active := [q for q in seqs if q.finish_reason is None]:
-            _step(model, draft_model, active, stats, sampler, num_speculative_tokens, ngram, jump_forward, pad_token_id, device, vocab)
+            _step(model, draft_model, active, stats, sampler, num_speculative_tokens, ngram, jump_forward, pad_token_id, device, vocab, sparse_max_fraction)
     finally:
         for q in seqs:
             if isinstance(q.constraint, GrammarConstraint):
@@ -306,7 +312,16 @@ def _one_hot(token: int, vocab: int, device: torch.device) -> torch.Tensor:
     return row
 
 
-def _step(model, draft_model, active, stats, sampler, k, ngram, jump_forward, pad, device, vocab) -> None:
+def _one_tree(active: list[_Seq], device: torch.device) -> TreeDFA | None:
+    """The TreeDFA every active sequence decodes under (on the logits' device), else None."""
+    trees = {id(q.constraint.tree): q.constraint.tree for q in active if isinstance(q.constraint, TreeConstraint)}
+    if len(trees) != 1 or any(not isinstance(q.constraint, TreeConstraint) for q in active):
+        return None
+    tree = next(iter(trees.values()))
+    return tree if tree.device == device else None
+
+
+def _step(model, draft_model, active, stats, sampler, k, ngram, jump_forward, pad, device, vocab, sparse_max_fraction=None) -> None:
     stats.steps += 1
     stats.sequence_steps += len(active)
     drafts, num_forced, draft_probs = _propose(draft_model, active, stats, k, ngram, jump_forward, pad, device, vocab)
@@ -316,11 +331,23 @@ def _step(model, draft_model, active, stats, sampler, k, ngram, jump_forward, pa
     rows = torch.cat([logits[i, len(q.tokens) - 1 : len(q.tokens) + len(d)] for i, (q, d) in enumerate(zip(active, drafts))])
     counts = [len(d) for d in drafts]
     flat_drafts = torch.tensor([t for d in drafts for t in d], dtype=torch.int64, device=device)
+    generators = {i: q.generator for i, q in enumerate(active) if q.generator is not None}
+    tree = _one_tree(active, device)
+    states = [s for q, d in zip(active, drafts) for s in q.constraint.walk_states(d)] if tree is not None else []
+    sparse = tree is not None and (sum(counts) == 0 or use_sparse_verification(tree, states, rows.shape[-1], sparse_max_fraction))
+    if sparse:
+        # Every row under one tree: sample and verify over the tree's candidates (decode/tree_step.py).
+        with _Timer(stats, "tree_step"):
+            metadata = SamplingMetadata.from_params([q.params for q in active], device=device, generators=generators)
+            emitted = tree_spec_step(
+                sampler, rows, tree, states, drafts, metadata, draft_probs=draft_probs, sparse_max_fraction=sparse_max_fraction
+            )
+        _record(active, drafts, num_forced, emitted, stats)
+        return
     with _Timer(stats, "masking"):
         bitmask, constrained = fill_constraint_rows([q.constraint for q in active], drafts, rows.shape[-1], device)
         spec = constrain_spec_logits(rows, bitmask, flat_drafts, counts, rows=constrained)
     with _Timer(stats, "sampling"):
-        generators = {i: q.generator for i, q in enumerate(active) if q.generator is not None}
         metadata = SamplingMetadata.from_params([q.params for q in active], device=device, generators=generators)
         bonus = sampler(spec.bonus_logits.clone(), metadata).sampled_token_ids.squeeze(1)
     with _Timer(stats, "verification"):
@@ -328,7 +355,11 @@ def _step(model, draft_model, active, stats, sampler, k, ngram, jump_forward, pa
             flat_drafts, counts, spec.target_logits, bonus, draft_probs=draft_probs,
             temperature=metadata.temperature, top_k=metadata.top_k, top_p=metadata.top_p, generators=metadata.generators,
         )
-    emitted = parse_output(out, rows.shape[-1])
+    _record(active, drafts, num_forced, parse_output(out, rows.shape[-1]), stats)
+
+
+def _record(active, drafts, num_forced, emitted, stats) -> None:
+    """Append each sequence's emitted tokens; count drafts, acceptances and forced tokens."""
     for q, d, forced, tokens in zip(active, drafts, num_forced, emitted):
         accepted_drafts = min(len(tokens) - 1, len(d))
         stats.forced_tokens += min(forced, accepted_drafts)

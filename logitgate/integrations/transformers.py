@@ -32,6 +32,7 @@ from ..structured.manager import DEFAULT_KIND_BACKENDS
 from ..structured.params import StructuredOutputsParams
 from ..structured.registry import get_grammar_backend_factory
 from ..structured.tree import TreeDFA
+from ..structured.tree_candidates import keep_only_allowed
 from ..structured.tree_prompt import warn_prompt_start
 from .hf_speculative import SpeculativeOutput, speculative_generate
 
@@ -138,6 +139,10 @@ class TreeLogitsProcessor(_HFLogitsProcessor):
         if self.tree.max_token_id >= vocab:
             raise ValueError(f"the tree uses token id {self.tree.max_token_id} but the scores have only {vocab} columns")
         states = self.states(input_ids)
+        if scores.device == self.tree.device:
+            # Fill each row with -inf and put its allowed logits back: no bitmask over the vocabulary
+            # (structured/tree_candidates.py; columns past the tree's tokens end up -inf too).
+            return keep_only_allowed(self.tree, scores.clone(), states)
         # Sized for the scores, so columns past the tree's tokens (LM-head padding) are masked too.
         bitmask = allocate_token_bitmask(rows, vocab, device=self.tree.device)
         self.tree.fill_bitmask(states, bitmask)

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..backends import Backend, get_backend
+from ..backends import Backend, backend_for_tensor, get_backend
 from ..backends.base import SamplingNoise
 from . import ops
 from .params import SAMPLING_EPS, SamplingParams, SamplingType
@@ -45,7 +45,9 @@ class SamplingMetadata:
     None; top_p: float32 (B,) (1 = off) or None; generators: row -> the request's generator;
     max_num_logprobs: the largest `logprobs` in the batch (None: no logprobs); max_top_k: max(top_k)
     known on the host when every row has a top-k (lets GPU/NPU use torch.topk instead of a sort);
-    noise: the random numbers drawn ahead by `prefetch_noise`.
+    noise: the random numbers drawn ahead by `prefetch_noise`; min_p: float32 (B,) (0 = off) or
+    None, applied after temperature like vLLM's MinP processor (the processor is the usual way;
+    this field serves layouts where a processor's per-batch state does not fit, see sampling/sparse.py).
     """
 
     temperature: torch.Tensor | None
@@ -58,6 +60,7 @@ class SamplingMetadata:
     logitsprocs: LogitsProcessors = field(default_factory=LogitsProcessors)
     max_top_k: int | None = None
     noise: SamplingNoise | None = None
+    min_p: torch.Tensor | None = None
 
     @classmethod
     def from_params(
@@ -163,12 +166,14 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
         want_processed = metadata.max_num_logprobs is not None and self.logprobs_mode == "processed_logprobs"
-        greedy = None if metadata.all_random else logits.argmax(dim=-1)
+        greedy = None if metadata.all_random else backend_for_tensor(logits, self.backend).argmax(logits)
         if metadata.all_greedy:
             return greedy, compute_logprobs(logits) if want_processed else None
         if metadata.temperature is None or metadata.temperature.shape != (logits.shape[0],):
             raise ValueError(f"metadata.temperature must have shape ({logits.shape[0]},) for a batch with random rows")
         ops.apply_temperature(logits, metadata.temperature, all_random=metadata.all_random)
+        if metadata.min_p is not None:
+            logits = ops.apply_min_p(logits, metadata.min_p)
         for processor in metadata.logitsprocs.argmax_invariant:
             logits = processor.apply(logits)
         # A row with a NaN, a +inf or nothing left above -inf has no distribution: it is sampled as

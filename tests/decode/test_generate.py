@@ -57,8 +57,10 @@ def run(n: int, seed: int, **kwargs):
         {"draft_model": DRAFT, "num_speculative_tokens": 3},
         {"draft_model": DRAFT, "num_speculative_tokens": 3, "jump_forward": False},
         {"ngram": 1, "num_speculative_tokens": 2},
+        {"sparse_max_fraction": 0.0},
+        {"draft_model": DRAFT, "num_speculative_tokens": 3, "sparse_max_fraction": 0.0},
     ],
-    ids=["plain+forced", "plain", "draft+forced", "draft", "ngram"],
+    ids=["plain+forced", "plain", "draft+forced", "draft", "ngram", "plain-dense", "draft+forced-dense"],
 )
 def test_constrained_sampling_follows_the_exact_distribution(config):
     expected = exact_distribution(TARGET)
@@ -89,6 +91,20 @@ def test_greedy_is_identical_with_and_without_speculation():
         for token in out.token_ids:
             assert token == int(TARGET.table[last].argmax())
             last = token
+
+
+@pytest.mark.parametrize("spec", [{}, {"draft_model": DRAFT, "num_speculative_tokens": 3}, {"ngram": 1, "num_speculative_tokens": 2}])
+def test_tree_steps_sparse_and_dense_emit_the_same_greedy_tokens(spec):
+    """Sampling and verifying over the tree's candidates (the default here) or over the masked
+    vocabulary (crossover 0): the same tokens, step for step, ties included."""
+    tied = Bigram(5)
+    tied.table = tied.table.round()  # integer logits: ties between allowed tokens break to the smallest id
+    requests = [Request([ROOT], SamplingParams(temperature=0.0, max_tokens=8), tree=TREE) for _ in range(3)]
+    requests += [Request([ROOT, 1], SamplingParams(temperature=0.0, max_tokens=8), tree=TREE)]  # other first logits
+    sparse = generate(tied, requests, eos_token_id=EOS, **spec)
+    dense = generate(tied, requests, eos_token_id=EOS, sparse_max_fraction=0.0, **spec)
+    assert [o.token_ids for o in sparse.outputs] == [o.token_ids for o in dense.outputs]
+    assert "tree_step" in sparse.stats.seconds
 
 
 def test_forced_tokens_are_emitted_without_target_passes():

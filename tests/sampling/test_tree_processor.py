@@ -100,11 +100,15 @@ def test_requests_with_equal_trees_share_one_compiled_tree_and_one_fill(monkeypa
     p2 = tree_params(tree_decode=json.loads(json.dumps(CONFIG)))  # an equal copy
     assert proc.tree_for(p1) is proc.tree_for(p2)
     calls = []
-    original = TreeDFA.fill_bitmask
-    monkeypatch.setattr(TreeDFA, "fill_bitmask", lambda self, states, bitmask: calls.append(len(states)) or original(self, states, bitmask))
+    import logitgate.sampling.processors.tree as tree_module
+
+    original = tree_module.keep_only_allowed
+    monkeypatch.setattr(
+        tree_module, "keep_only_allowed", lambda tree, logits, states, *a, **k: calls.append(len(states)) or original(tree, logits, states, *a, **k)
+    )
     added(proc, {0: (p1, []), 1: (SamplingParams(), []), 2: (p2, [10]), 3: (tree_params(token_trie=TRIE, end_token_id=EOS), [])})
     got = proc.apply(torch.zeros(4, V))
-    assert sorted(calls) == [1, 2]  # one fill per distinct tree, all its rows at once
+    assert sorted(calls) == [1, 2]  # one masking call per distinct tree, all its rows at once
     assert [allowed(got[r]) for r in (0, 2, 3)] == [[10, 11], [12, 13], [20, 22]]
 
 

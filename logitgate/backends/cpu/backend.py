@@ -9,8 +9,13 @@ import torch
 from . import rejection_kernels
 from ..base import NOISE_UNIFORM, Backend, Capabilities, SamplingNoise
 from .bitmask_kernels import apply_token_bitmask_cpu
-from .sampling_kernels import apply_top_k_cpu, apply_top_p_cpu, inverse_cdf_sample_cpu
-from ..reference import draw_uniforms, fallback_tokens
+from .sampling_kernels import apply_top_k_cpu, apply_top_p_cpu, argmax_cpu, inverse_cdf_sample_cpu
+from ..reference import (
+    draw_uniforms,
+    fallback_tokens,
+    gather_candidate_logits_reference,
+    keep_candidate_logits_reference,
+)
 from .threads import numba_thread_cap, thread_cap
 
 
@@ -45,13 +50,32 @@ class CpuBackend(Backend):
             "rejection_greedy_accept": "numba (per request, argmax only up to the first mismatch)",
             "rejection_random_accept": "numba (per request, one logsumexp per examined row, no softmax written)",
             "rejection_recover": "numba inverse CDF (rejected row only, one uniform per request)",
+            "argmax": "numba (integer-key maximum, vectorised; then the first equal element)",
             "random_sample": "inverse CDF, one float64 uniform per row (numba: block sums, then one block)",
+            "tree_candidates": "numba (per row: gather its allowed logits, or fill -inf and put them back)",
             "top_k_top_p": "numba (top-k: k-element heap, or bucket selection for k > 512; top-p: 4096-bucket probability histogram, one bucket sorted)",
         }
 
     @_capped
     def apply_token_bitmask(self, logits, bitmask, rows, vocab_size) -> None:
         apply_token_bitmask_cpu(logits, bitmask, rows, vocab_size)
+
+    @_capped
+    def gather_candidate_logits(self, logits, rows, starts, widths, allow_tok, width) -> torch.Tensor:
+        if logits.dtype != torch.float32:  # numba has no bfloat16
+            return gather_candidate_logits_reference(logits, rows, starts, widths, allow_tok, width)
+        from .tree_kernels import gather_candidate_logits_cpu
+
+        return gather_candidate_logits_cpu(logits, rows, starts, widths, allow_tok, width)
+
+    @_capped
+    def keep_candidate_logits(self, logits, rows, starts, widths, allow_tok, width) -> None:
+        if logits.dtype != torch.float32:
+            keep_candidate_logits_reference(logits, rows, starts, widths, allow_tok, width)
+            return
+        from .tree_kernels import keep_candidate_logits_cpu
+
+        keep_candidate_logits_cpu(logits, rows, starts, widths, allow_tok, width)
 
     @_capped
     def rejection_greedy_accept(self, cu_num_draft_tokens, draft_token_ids, target_logits, active):
@@ -91,6 +115,12 @@ class CpuBackend(Backend):
         # Reading the flags back is free on the host, and saves a pass over the rows when (as
         # always in practice) every row is defined.
         return fallback_tokens(scores) if bool(undefined.any()) else None
+
+    @_capped
+    def argmax(self, logits) -> torch.Tensor:
+        if logits.dtype != torch.float32 or logits.shape[-1] == 0 or logits.stride(-1) != 1:
+            return logits.argmax(dim=-1)
+        return argmax_cpu(logits)
 
     @_capped
     def apply_top_k_top_p(self, logits, k, p, max_top_k) -> torch.Tensor:

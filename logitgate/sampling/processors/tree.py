@@ -20,12 +20,14 @@ import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from ...structured.constraint_state import TreeConstraint
 from ...backends.reference import num_bitmask_words
 from ...structured.bitmask import apply_token_bitmask_inplace
 from ...structured.tree import TreeDFA
+from ...structured.tree_candidates import host_widths, keep_only_allowed
 from ...structured.tree_prompt import warn_prompt_start
 from ...structured.tree_loaders import check_token_id, check_vocab_size
 from .interface import BatchUpdate, LogitsProcessor
@@ -218,14 +220,24 @@ class Tree(LogitsProcessor):
         return host.to(device, non_blocking=True)
 
     def mask_rows(self, logits: torch.Tensor, entries: list[tuple[int, TreeDFA, int]]) -> torch.Tensor:
-        """Mask logits row r to the allowed set of its tree state: one batched `fill_bitmask` per
-        distinct tree (one in all when the requests share a tree), one bitmask apply for the batch.
-        Rows without an entry keep their logits."""
+        """Mask logits row r to the allowed set of its tree state. Trees on the logits' device: per
+        tree, fill its rows with -inf and put the allowed logits back (no bitmask; the widest row
+        of the step bounds the work, states are on the host). Elsewhere: one batched
+        `fill_bitmask` per tree and one bitmask apply. Rows without an entry keep their logits."""
         if not entries:
             return logits
         by_tree: dict[int, tuple[TreeDFA, list[tuple[int, int]]]] = {}
         for logit_row, tree, state in entries:
             by_tree.setdefault(id(tree), (tree, []))[1].append((logit_row, state))
+        if all(tree.device == logits.device for tree, _ in by_tree.values()):
+            for tree, pairs in by_tree.values():
+                states = [state for _, state in pairs]
+                widest = int(host_widths(tree, np.asarray(states, dtype=np.int64)).max())
+                keep_only_allowed(
+                    tree, logits, self._upload(states, tree.device), self._upload([row for row, _ in pairs], logits.device),
+                    max_width=widest,
+                )
+            return logits
         # Rows the apply skips (no entry) are never read, so the bitmask needs no initialisation.
         words = num_bitmask_words(logits.shape[-1])
         bitmask = torch.empty((logits.shape[0], words), dtype=torch.int32, device=logits.device)

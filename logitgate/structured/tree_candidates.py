@@ -1,0 +1,336 @@
+"""Tree candidates: a batch's allowed tokens at a cost that follows what the tree allows, not the
+vocabulary.
+
+A decode step under a TreeDFA needs, per row, only the logits of the tokens its state allows. This
+module lays a batch out for sampling in one of two layouts, chosen per row:
+
+- sparse: row i's allowed logits gathered into columns 0..w_i-1 of an (n, W) float32 tensor, -inf
+  after (column j stands for token `allow_tok[start_i + j]`; allowed tokens are sorted, so the
+  first maximum is the smallest token id, as in the dense argmax);
+- dense: the row's full logits masked in place (a bitmask, or -inf everywhere but the allowed
+  tokens) with the identity map.
+
+`plan_tree_step` decides. With the rows' states known on the host (the decode loop and the vLLM
+processor keep them there; on CPU reading them is free) the widths are exact: rows allowing more
+than `sparse_max_fraction` of the vocabulary go dense, the rest form at most two width buckets
+(split where the padded size is smallest). With states on the device only, the plan must not read
+them: one sparse group as wide as the tree's widest state, or dense for every row when that is
+wider than the crossover. Nothing here synchronises with the device beyond what the caller gives.
+
+The crossover (`DEFAULT_SPARSE_MAX_FRACTION`, environment `LOGITGATE_TREE_SPARSE_MAX_FRACTION`,
+or the `sparse_max_fraction` argument) was measured with scripts/bench_tree.py (README, tree
+decode): on CPU a row is cheaper sparse until it allows about half the vocabulary.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..backends.reference import num_bitmask_words
+from .tree import TreeDFA
+
+__all__ = [
+    "DEFAULT_SPARSE_MAX_FRACTION",
+    "DenseRows",
+    "keep_only_allowed",
+    "SparseRows",
+    "TreeStepPlan",
+    "plan_tree_step",
+    "sample_tree_step",
+    "tree_layouts",
+    "ragged_candidates",
+    "resolve_sparse_max_fraction",
+]
+
+# A row allowing more than this fraction of the vocabulary is masked and sampled densely.
+DEFAULT_SPARSE_MAX_FRACTION = 0.5
+ENV_SPARSE_MAX_FRACTION = "LOGITGATE_TREE_SPARSE_MAX_FRACTION"
+# A second width bucket must save at least this many padded values to pay for its extra launches.
+_GROUP_COST = 8192
+
+
+def resolve_sparse_max_fraction(value: float | None = None) -> float:
+    """The crossover in force: `value`, else LOGITGATE_TREE_SPARSE_MAX_FRACTION, else the default.
+    0 makes every row dense; 1 every row sparse."""
+    if value is None:
+        text = os.environ.get(ENV_SPARSE_MAX_FRACTION)
+        if text is None:
+            return DEFAULT_SPARSE_MAX_FRACTION
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{ENV_SPARSE_MAX_FRACTION}={text!r} is not a number in [0, 1]") from None
+        where = ENV_SPARSE_MAX_FRACTION
+    else:
+        where = "sparse_max_fraction"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"{where} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class SparseRows:
+    """Rows of a batch in the sparse layout: (n, width) gathered logits, column j of row i is token
+    allow_tok[starts[i] + j] for j < widths[i]."""
+
+    tree: TreeDFA
+    rows: torch.Tensor  # int64 (n,): rows of the batch
+    row_list: list[int] | None  # the same on the host, when known
+    states: torch.Tensor  # int64 (n,)
+    starts: torch.Tensor  # int64 (n,): where each row's allowed tokens start in allow_tok
+    widths: torch.Tensor  # int64 (n,): allowed tokens per row (<= width)
+    width: int
+
+    def gather(self, logits: torch.Tensor) -> torch.Tensor:
+        """float32 (n, width): each row's allowed logits, -inf padding."""
+        return self.tree.backend.gather_candidate_logits(
+            logits, self.rows, self.starts, self.widths, self.tree._allow_tok, self.width
+        )
+
+    def token_ids(self, columns: torch.Tensor) -> torch.Tensor:
+        """int64 token ids of columns (n, k) of this layout. Padding columns (only a row whose
+        allowed logits are all -inf, or a top-n past a row's width, reaches them) map to the row's
+        last allowed token."""
+        columns = torch.minimum(columns.to(torch.int64), (self.widths - 1).unsqueeze(1))
+        return self.tree._allow_tok[self.starts.unsqueeze(1) + columns].to(torch.int64)
+
+    def all_token_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token ids int64 (n, width), valid bool (n, width)): the map of every column."""
+        offs = torch.arange(self.width, device=self.rows.device)
+        valid = offs < self.widths.unsqueeze(1)
+        return self.token_ids(offs.expand(len(self.rows), -1)), valid
+
+
+@dataclass(frozen=True)
+class DenseRows:
+    """Rows of a batch sampled over the whole vocabulary (identity map), masked to the tree."""
+
+    tree: TreeDFA
+    rows: torch.Tensor  # int64 (n,)
+    row_list: list[int] | None
+    states: torch.Tensor  # int64 (n,)
+
+    def mask(self, logits: torch.Tensor) -> None:
+        """Mask these rows of `logits` (B, V) in place to their allowed sets (bitmask fill + apply)."""
+        from .bitmask import apply_token_bitmask_inplace
+
+        bitmask = torch.empty((len(self.rows), num_bitmask_words(logits.shape[-1])), dtype=torch.int32, device=self.tree.device)
+        self.tree.fill_bitmask(self.states, bitmask)
+        full = self.row_list is not None and self.row_list == list(range(logits.shape[0]))
+        if full:
+            apply_token_bitmask_inplace(logits, bitmask.to(logits.device))
+            return
+        # Rows of the bitmask are indexed by logits row: scatter the filled rows to their places.
+        placed = torch.empty((logits.shape[0], bitmask.shape[1]), dtype=torch.int32, device=logits.device)
+        placed.index_copy_(0, self.rows.to(logits.device), bitmask.to(logits.device))
+        apply_token_bitmask_inplace(logits, placed, indices=self.rows.to(logits.device))
+
+
+@dataclass(frozen=True)
+class TreeStepPlan:
+    """How one step lays out a batch: dense rows (or None) and sparse width groups."""
+
+    batch_size: int
+    vocab_size: int
+    dense: DenseRows | None
+    sparse: tuple[SparseRows, ...]
+
+    @property
+    def all_dense(self) -> bool:
+        return not self.sparse
+
+    @property
+    def sparse_values(self) -> int:
+        """Values the sparse layouts hold (their padded size)."""
+        return sum(len(g.rows) * g.width for g in self.sparse)
+
+
+def host_widths(tree: TreeDFA, host_states: np.ndarray) -> np.ndarray:
+    """int64 allowed-token counts of host states (no device access)."""
+    ptr = tree._host.allow_ptr
+    return (ptr[host_states + 1] - ptr[host_states]).astype(np.int64)
+
+
+def _as_host_states(tree: TreeDFA, host_states: Sequence[int] | np.ndarray) -> np.ndarray:
+    states = np.asarray(host_states, dtype=np.int64).reshape(-1)
+    if len(states) and (states.min() < 0 or states.max() >= tree.num_states):
+        bad = int(states[(states < 0) | (states >= tree.num_states)][0])
+        raise ValueError(f"state {bad} is not a state of this tree (0 <= state < {tree.num_states})")
+    return states
+
+
+def _split(widths: np.ndarray) -> list[np.ndarray]:
+    """Row indices (into `widths`) of at most two width buckets, split where the padded size plus a
+    per-group cost is smallest."""
+    order = np.argsort(widths, kind="stable")
+    sorted_w = widths[order]
+    n = len(order)
+    k = np.arange(1, n)  # rows [0, k) narrow, [k, n) wide
+    costs = k * sorted_w[:-1] + (n - k) * sorted_w[-1] + _GROUP_COST
+    best_k = int(k[np.argmin(costs)]) if n > 1 and costs.min() < n * sorted_w[-1] else n
+    if best_k == n:
+        return [np.sort(order)]
+    return [np.sort(order[:best_k]), np.sort(order[best_k:])]
+
+
+def plan_tree_step(
+    tree: TreeDFA,
+    states: torch.Tensor,
+    vocab_size: int,
+    *,
+    host_states: Sequence[int] | np.ndarray | None = None,
+    sparse_max_fraction: float | None = None,
+    rows: Sequence[int] | None = None,
+    exact: bool | None = None,
+) -> TreeStepPlan:
+    """Plan the layouts of a batch whose row i is in tree state states[i] (int64 (n,) on the tree's
+    device). `host_states` (the same values on the host) gives exact widths without reading the
+    device; on a CPU tree they are read from `states`. `rows`: the batch rows the states belong to
+    (default 0..n-1). `vocab_size`: the logits' width. `exact=False` forces the device-only plan
+    (one group as wide as the tree's widest state: the same shapes every step)."""
+    fraction = resolve_sparse_max_fraction(sparse_max_fraction)
+    if tree.max_token_id >= vocab_size:
+        raise ValueError(f"the tree uses token id {tree.max_token_id} but the logits have only {vocab_size} columns")
+    states = tree._check_batch(states).long()
+    n = states.shape[0]
+    row_list = list(range(n)) if rows is None else [int(r) for r in rows]
+    if len(row_list) != n:
+        raise ValueError(f"rows has {len(row_list)} entries for {n} states")
+    batch = max(row_list) + 1 if row_list else 0
+    device = states.device
+    all_rows = torch.tensor(row_list, dtype=torch.int64).to(device, non_blocking=True)
+    limit = fraction * vocab_size
+    if exact is False:
+        host_states = None
+    elif host_states is None and device.type == "cpu":
+        host_states = states.numpy()
+    if host_states is None:
+        # States stay on the device: the tree's widest state bounds every row.
+        if n == 0 or tree.max_width > limit:
+            return TreeStepPlan(batch, vocab_size, DenseRows(tree, all_rows, row_list, states) if n else None, ())
+        group = SparseRows(
+            tree, all_rows, row_list, states, tree._allow_start[states], tree._width[states].long(), tree.max_width
+        )
+        return TreeStepPlan(batch, vocab_size, None, (group,))
+    host = _as_host_states(tree, host_states)
+    if len(host) != n:
+        raise ValueError(f"host_states has {len(host)} entries for {n} states")
+    widths = host_widths(tree, host)
+    dense_idx = np.flatnonzero(widths > limit)
+    sparse_idx = np.flatnonzero(widths <= limit)
+
+    def pick(index: np.ndarray) -> tuple[torch.Tensor, list[int], torch.Tensor]:
+        picked_rows = [row_list[i] for i in index.tolist()]
+        at = torch.from_numpy(index).to(device, non_blocking=True)
+        return torch.tensor(picked_rows, dtype=torch.int64).to(device, non_blocking=True), picked_rows, states[at]
+
+    dense = None
+    if len(dense_idx):
+        if len(dense_idx) == n:
+            dense = DenseRows(tree, all_rows, row_list, states)
+        else:
+            dense = DenseRows(tree, *pick(dense_idx))
+    groups = []
+    if len(sparse_idx):
+        for part in _split(widths[sparse_idx]):
+            index = sparse_idx[part]
+            if len(index) == n:
+                g_rows, g_list, g_states = all_rows, row_list, states
+            else:
+                g_rows, g_list, g_states = pick(index)
+            host_part = host[index]
+            groups.append(SparseRows(
+                tree, g_rows, g_list, g_states,
+                torch.from_numpy(tree._host.allow_ptr[host_part].astype(np.int64)).to(device, non_blocking=True),
+                torch.from_numpy(widths[index]).to(device, non_blocking=True),
+                int(widths[index].max()),
+            ))
+    return TreeStepPlan(batch, vocab_size, dense, tuple(groups))
+
+
+def ragged_candidates(tree: TreeDFA, states: torch.Tensor, total: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token_ids int64 (total,), offsets int64 (n + 1,)): the allowed tokens of every row,
+    concatenated (row i owns token_ids[offsets[i] : offsets[i + 1]], sorted), at a cost of their
+    number. `total` = sum of the rows' widths; None reads it from the device (free on CPU, a host
+    sync elsewhere: pass it when the caller knows it, e.g. from host-side states)."""
+    states = tree._check_batch(states).long()
+    widths = tree._width[states].long()
+    offsets = torch.zeros(states.shape[0] + 1, dtype=torch.int64, device=states.device)
+    torch.cumsum(widths, 0, out=offsets[1:])
+    if total is None:
+        total = int(offsets[-1])
+    row_of = torch.repeat_interleave(torch.arange(states.shape[0], device=states.device), widths, output_size=total)
+    position = torch.arange(total, device=states.device) - offsets[row_of]
+    return tree._allow_tok[tree._allow_start[states][row_of] + position].long(), offsets
+
+
+def tree_layouts(plan: TreeStepPlan, logits: torch.Tensor) -> list:
+    """The sampling layouts of a plan over `logits` (B, V): dense rows masked in place (and copied
+    out when they are not the whole batch), sparse groups gathered. Returns sampling.sparse.Layout
+    objects for `sample_layouts`."""
+    from ..sampling.sparse import Layout
+
+    for part in (plan.dense, *plan.sparse):
+        if part is not None and part.tree.device != logits.device:
+            raise ValueError(f"logits are on {logits.device} but the tree is on {part.tree.device}")
+    everything = list(range(logits.shape[0]))
+    layouts = []
+    if plan.dense is not None:
+        plan.dense.mask(logits)
+        if plan.dense.row_list == everything:
+            layouts.append(Layout(None, logits))
+        else:
+            layouts.append(Layout(plan.dense.row_list, logits.index_select(0, plan.dense.rows.to(logits.device))))
+    for group in plan.sparse:
+        rows = None if group.row_list == everything else group.row_list
+        layouts.append(Layout(rows, group.gather(logits), group.token_ids))
+    return layouts
+
+
+def sample_tree_step(
+    sampler,
+    logits: torch.Tensor,
+    tree: TreeDFA,
+    states: torch.Tensor,
+    metadata,
+    *,
+    host_states: Sequence[int] | np.ndarray | None = None,
+    sparse_max_fraction: float | None = None,
+):
+    """One constrained sampling step: row i of `logits` (B, V) under tree state states[i], sampled
+    with `sampler` (a Sampler) and `metadata` (SamplingMetadata) over the layouts `plan_tree_step`
+    picks. Returns the SamplerOutput (token ids, logprobs), distributed as sampling the masked
+    full rows. Dense rows of `logits` are masked in place."""
+    from ..sampling.sparse import sample_layouts
+
+    plan = plan_tree_step(tree, states, logits.shape[-1], host_states=host_states, sparse_max_fraction=sparse_max_fraction)
+    return sample_layouts(sampler, tree_layouts(plan, logits), metadata, logits.shape[0])
+
+
+def keep_only_allowed(
+    tree: TreeDFA, logits: torch.Tensor, states: torch.Tensor, rows: torch.Tensor | None = None, *, max_width: int | None = None
+) -> torch.Tensor:
+    """In place: row rows[i] of `logits` (B, V) (default row i) keeps only the tokens tree state
+    states[i] allows, every other column -inf, columns past the tree's vocabulary included. This is
+    how a logits processor, which must return whole rows, masks with the tree: fill the row and put
+    the allowed logits back, with no bitmask built (on CPU 0.98-2.1x the speed of fill_bitmask +
+    apply, ~1.1x at large V where both write the whole row; scripts/bench_tree.py). `max_width` bounds the rows' widths (default the tree's
+    widest state); rows must be distinct; no host sync. Returns logits."""
+    states = tree._check_batch(states).long()
+    if logits.device != tree.device:
+        raise ValueError(f"logits are on {logits.device} but the tree is on {tree.device}")
+    if tree.max_token_id >= logits.shape[-1]:
+        raise ValueError(f"the tree uses token id {tree.max_token_id} but the logits have only {logits.shape[-1]} columns")
+    if rows is None:
+        if states.shape[0] != logits.shape[0]:
+            raise ValueError(f"{states.shape[0]} states for {logits.shape[0]} logits rows; pass rows=")
+        rows = torch.arange(states.shape[0], device=states.device)
+    tree.backend.keep_candidate_logits(
+        logits, rows, tree._allow_start[states], tree._width[states].long(), tree._allow_tok,
+        tree.max_width if max_width is None else max_width,
+    )
+    return logits

@@ -1,0 +1,99 @@
+"""The tree-candidate kernels (gather each row's allowed logits; keep only them in place) and the
+argmax kernel, on every backend, against the torch reference on random CSR tables and logits."""
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from logitgate.backends.reference import gather_candidate_logits_reference, keep_candidate_logits_reference
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@st.composite
+def candidate_cases(draw):
+    vocab = draw(st.integers(1, 300))
+    n_states = draw(st.integers(1, 6))
+    lists = [sorted(draw(st.sets(st.integers(0, vocab - 1), min_size=1, max_size=min(vocab, 40)))) for _ in range(n_states)]
+    batch = draw(st.integers(1, 6))
+    rows = draw(st.lists(st.integers(0, batch - 1), min_size=0, max_size=batch, unique=True))
+    states = [draw(st.integers(0, n_states - 1)) for _ in rows]
+    extra = draw(st.integers(0, 3))
+    seed = draw(st.integers(0, 2**16))
+    return vocab, lists, batch, rows, states, extra, seed
+
+
+def _tables(lists, states):
+    starts_all = torch.tensor([0] + [len(r) for r in lists]).cumsum(0)[:-1]
+    allow_tok = torch.tensor([t for r in lists for t in r], dtype=torch.int32)
+    s = torch.tensor(states, dtype=torch.int64)
+    widths = torch.tensor([len(lists[i]) for i in states], dtype=torch.int64)
+    return starts_all[s] if len(states) else torch.zeros(0, dtype=torch.int64), widths, allow_tok
+
+
+@given(case=candidate_cases(), dtype=st.sampled_from(DTYPES))
+def test_gather_candidate_logits_matches_reference(case, dtype, backend):
+    vocab, lists, batch, rows, states, extra, seed = case
+    logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    starts, widths, allow_tok = _tables(lists, states)
+    width = (int(widths.max()) if len(rows) else 0) + extra
+    rows_t = torch.tensor(rows, dtype=torch.int64)
+    got = backend.gather_candidate_logits(logits, rows_t, starts, widths, allow_tok, width)
+    want = gather_candidate_logits_reference(logits, rows_t, starts, widths, allow_tok, width)
+    assert got.dtype == torch.float32 and got.shape == (len(rows), width)
+    assert torch.equal(got, want)
+    # The contract in plain Python.
+    for i, (r, s) in enumerate(zip(rows, states)):
+        allowed = lists[s]
+        assert got[i, : len(allowed)].tolist() == logits[r, allowed].float().tolist()
+        assert (got[i, len(allowed) :] == float("-inf")).all()
+
+
+@given(case=candidate_cases(), dtype=st.sampled_from(DTYPES))
+def test_keep_candidate_logits_matches_reference(case, dtype, backend):
+    vocab, lists, batch, rows, states, extra, seed = case
+    logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    starts, widths, allow_tok = _tables(lists, states)
+    width = (int(widths.max()) if len(rows) else 0) + extra
+    rows_t = torch.tensor(rows, dtype=torch.int64)
+    got, want = logits.clone(), logits.clone()
+    backend.keep_candidate_logits(got, rows_t, starts, widths, allow_tok, width)
+    keep_candidate_logits_reference(want, rows_t, starts, widths, allow_tok, width)
+    assert torch.equal(got, want)
+    for r in range(batch):
+        if r not in rows:
+            assert torch.equal(got[r], logits[r])  # rows not listed are untouched
+        else:
+            allowed = lists[states[rows.index(r)]]
+            expected = torch.full((vocab,), float("-inf"), dtype=dtype)
+            expected[allowed] = logits[r, allowed]
+            assert torch.equal(got[r], expected)
+
+
+@given(
+    rows=st.integers(1, 5),
+    vocab=st.integers(1, 70),
+    seed=st.integers(0, 2**16),
+    specials=st.lists(st.sampled_from(["nan", "-nan", "-inf", "inf", "-0", "0", "tie"]), max_size=6),
+)
+def test_argmax_matches_torch(rows, vocab, seed, specials, backend):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randint(-3, 3, (rows, vocab), generator=g).float()  # small integers: many ties
+    values = {"nan": float("nan"), "-nan": -float("nan"), "-inf": float("-inf"), "inf": float("inf"), "-0": -0.0, "0": 0.0}
+    for name in specials:
+        r, c = int(torch.randint(rows, (1,), generator=g)), int(torch.randint(vocab, (1,), generator=g))
+        logits[r, c] = logits[r].max() if name == "tie" else values[name]
+    assert torch.equal(backend.argmax(logits), logits.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("value", [float("-inf"), -0.0, 0.0])
+def test_argmax_of_constant_rows_is_the_first_index(value, backend):
+    logits = torch.full((3, 1000), value)
+    logits[1, 500] = -0.0 if value == 0.0 else value  # -0.0 == 0.0: still a tie
+    assert backend.argmax(logits).tolist() == [0, 0, 0]
+
+
+def test_argmax_wide_rows(backend):
+    logits = torch.randn(4, 131072, generator=torch.Generator().manual_seed(3))
+    logits[2, 7] = logits[2, 99999] = logits[2].max() + 1  # a tie at the top: the first wins
+    assert torch.equal(backend.argmax(logits), logits.argmax(dim=-1))
