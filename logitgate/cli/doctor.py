@@ -14,7 +14,9 @@ from ..backends import ENV_VAR, DeviceUnavailableError, get_backend, probe_cuda,
 
 PACKAGES = ("torch", "numpy", "numba", "triton", "torch_npu", "xgrammar", "transformers", "vllm")
 # What vLLM loads from an installed logitgate: (entry point group, the name logitgate registers there).
-VLLM_ENTRY_POINTS = (("vllm.general_plugins", "logitgate"), ("vllm.logits_processors", "logitgate_tree_decode"))
+# Only the general plugin: a vllm.logits_processors entry point would load even when VLLM_PLUGINS
+# excludes logitgate, and Model Runner V2 refuses V1-interface classes found there.
+VLLM_ENTRY_POINTS = (("vllm.general_plugins", "logitgate"),)
 
 
 def _version(package: str) -> str:

@@ -29,9 +29,7 @@ def test_doctor_reports_versions_and_vllm_plugins(capsys):
     for group, name in VLLM_ENTRY_POINTS:
         points = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=group)}
         assert data["vllm_plugins"][f"{group}:{name}"] == points.get(name)
-    assert data["vllm_plugins"]["vllm.logits_processors:logitgate_tree_decode"] == (
-        "logitgate.integrations.vllm:TreeDecodeLogitsProcessor"
-    )
+    assert data["vllm_plugins"]["vllm.general_plugins:logitgate"] == "logitgate.integrations.vllm.plugin:register"
 
 
 def test_doctor_columns_are_aligned():
@@ -44,7 +42,7 @@ def test_doctor_columns_are_aligned():
     assert value_columns == {2 + max(map(len, names)) + 2}  # every kernel starts in one column
     assert "rejection_greedy_accept  numba" in text
     assert text.splitlines()[0].startswith(f"logitgate {logitgate.__version__} doctor")
-    assert "vllm.logits_processors:logitgate_tree_decode" in text
+    assert "vllm.general_plugins:logitgate" in text
 
 
 def test_doctor_unknown_device_is_an_input_error():
