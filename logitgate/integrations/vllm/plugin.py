@@ -72,7 +72,7 @@ def register() -> None:
         from .tree_route import install as install_tree_route
 
         replaced += install_tree_route()
-    if ops - {"tree"}:
+    if ops:  # the kernel ops selected, and vLLM fixes the tree's guarantees rely on (ops.FIX)
         replaced += _install_ops(ops - {"tree"})
     _registered = True
     if replaced:

