@@ -1,6 +1,6 @@
 """End to end in a real vLLM engine: JSON-schema structured outputs with vs without logitgate.
 
-    python scripts/bench_vllm.py [--quick] [--rounds N] [--python PATH] [--out FILE] [--plot FILE.png]
+    python scripts/bench_vllm.py [--quick] [--only all|json|tree-spec] [--rounds N] [--python PATH] [--out FILE] [--plot FILE.png]
 
 A tiny random Llama (2 layers, hidden 128, head dim 64) with the real Llama-3 tokenizer (V = 128256) is built in
 code once and cached (`~/.cache/logitgate/bench_vllm/`), so the logits-to-token layer dominates
@@ -11,6 +11,14 @@ own (`--child`), alternately with the logitgate plugin (`VLLM_PLUGINS` unset, so
 concurrent JSON-schema requests: a warm-up round, then `--repeats` rounds each of greedy and
 temperature 1.0. The parent reports medians over all timed rounds of each configuration and
 checks that greedy outputs are identical.
+
+Second part (`--only tree-spec`; both run by default): tree decode on the embedded demo target
+(logitgate/data/demo) with vs without vLLM's n-gram speculative decoding (3 draft tokens a step).
+The plugin is loaded and `LOGITGATE_TREE_DECODE_CONFIG` applies the demo tree to every request;
+each child (`--tree-child`, the engine of tests/vllm_engine/engine_scenarios.py) serves 32 greedy
+requests per round and reads vLLM's spec-decode counters. Target forward passes per request sum
+to generated tokens - accepted draft tokens; the parent reports passes saved, tokens/s and whether
+greedy outputs are identical with and without speculation.
 
 The engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) for both configurations, so the
 child can read the replacements' call counters and prove that logitgate's kernels ran. vLLM-CPU
@@ -28,7 +36,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 NUM_REQUESTS = 64
 MAX_TOKENS = 96  # a JSON object of this schema took ~37 tokens here
@@ -74,6 +83,9 @@ def build_model(path: Path) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+TREE_REQUESTS = 32
 
 
 def prompts() -> list[str]:
@@ -170,6 +182,42 @@ def _routed_calls() -> dict:
     return {name: value.routed_calls for name, value in installed().items()}
 
 
+def tree_prompts() -> list[dict]:
+    """TREE_REQUESTS demo prompts, hinted by city names spread over the catalog."""
+    from logitgate.models.demo import demo_prompt, load_catalog
+
+    names = load_catalog()
+    step = len(names) // TREE_REQUESTS
+    return [{"prompt_token_ids": demo_prompt(names[i * step].split("/")[-1])} for i in range(TREE_REQUESTS)]
+
+
+def tree_child(speculative: bool, repeats: int) -> dict:
+    """Tree decode (global mode, set by the parent's environment) in one engine, with or without
+    n-gram speculation: `repeats` timed greedy rounds after a warm-up, spec counters per round."""
+    sys.path.insert(0, str(ROOT / "tests" / "vllm_engine"))
+    from engine_scenarios import MAX_TOKENS as TREE_MAX_TOKENS
+    from engine_scenarios import spec_counters, start_engine, token_lists
+    from vllm import SamplingParams
+
+    llm, start_s = start_engine(speculative, max_num_seqs=TREE_REQUESTS)
+    texts, params = tree_prompts(), SamplingParams(max_tokens=TREE_MAX_TOKENS, temperature=0.0)
+    llm.generate(texts, params, use_tqdm=False)  # warm-up: first steps, the tree's compile
+    result: dict = {"start_s": start_s, "seconds": [], "tokens": [], "accepted": [], "drafted": [], "counted": []}
+    for _ in range(repeats):
+        before = spec_counters(llm)
+        t = time.perf_counter()
+        outputs = token_lists(llm.generate(texts, params, use_tqdm=False))
+        result["seconds"].append(time.perf_counter() - t)
+        after = spec_counters(llm)
+        delta = {key: after.get(key, 0) - before.get(key, 0) for key in after}
+        result["tokens"].append(sum(len(o[0]) for o in outputs))
+        result["counted"].append(delta.get("generation_tokens", 0))  # vLLM's own count, a cross-check
+        result["accepted"].append(delta.get("spec_decode_num_accepted_tokens", 0))
+        result["drafted"].append(delta.get("spec_decode_num_draft_tokens", 0))
+        result["outputs"] = [o[0] for o in outputs]
+    return result
+
+
 # ---- parent: interleaved children, medians ----
 
 
@@ -181,14 +229,17 @@ def engine_available(python: str) -> tuple[bool, str]:
     return True, ""
 
 
-def run_child(python: str, path: Path, with_logitgate: bool, repeats: int, mode: str = "--child") -> dict:
-    """One engine in a fresh process; `mode` --child (benchmark rounds) or --check (engine test)."""
+def run_child(python: str, path: Path | str, with_logitgate: bool, repeats: int, mode: str = "--child",
+              env_overrides: dict[str, str] | None = None) -> dict:
+    """One engine in a fresh process; `mode` --child (benchmark rounds), --check (engine test) or
+    --tree-child (`path` is then "spec" or "plain")."""
     env = dict(os.environ)
     if with_logitgate:
         env.pop("VLLM_PLUGINS", None)
         env["LOGITGATE_VLLM_OPS"] = OPS_WITH_LOGITGATE
     else:
         env["VLLM_PLUGINS"] = ""  # no general plugin at all: vLLM as shipped
+    env.update(env_overrides or {})
     cmd = [python, str(Path(__file__).resolve()), mode, str(path), "--repeats", str(repeats)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -197,38 +248,13 @@ def run_child(python: str, path: Path, with_logitgate: bool, repeats: int, mode:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--child", metavar="MODEL_DIR", help=argparse.SUPPRESS)
-    parser.add_argument("--check", metavar="MODEL_DIR", help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help="one engine per configuration, 2 rounds each")
-    parser.add_argument("--rounds", type=int, default=2, help="engines per configuration (interleaved)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds per mode inside each engine")
-    parser.add_argument("--python", default=os.environ.get("LOGITGATE_VLLM_PYTHON", sys.executable),
-                        help="interpreter with a real vLLM engine (default: LOGITGATE_VLLM_PYTHON or this one)")
-    parser.add_argument("--out")
-    parser.add_argument("--plot")
-    args = parser.parse_args(argv)
-    if args.check:
-        print("RESULT " + json.dumps(check(args.check)), flush=True)
-        return {}
-    if args.child:
-        print("RESULT " + json.dumps(child(args.child, args.repeats)), flush=True)
-        return {}
-
-    from logitgate.cli.bench_harness import emit
-
-    ok, why = engine_available(args.python)
-    if not ok:
-        result = {"benchmark": "vllm", "skipped": f"no real vLLM engine in {args.python}: {why}", "rows": []}
-        emit(result, args.out)
-        return result
-    rounds, repeats = (1, 2) if args.quick else (args.rounds, args.repeats)
+def json_benchmark(python: str, rounds: int, repeats: int) -> dict:
+    """64 JSON-schema requests, with vs without logitgate: rows and checks."""
     path = build_model(model_dir())
     runs: dict[bool, list[dict]] = {True: [], False: []}
     for _ in range(rounds):
         for with_logitgate in (True, False):
-            runs[with_logitgate].append(run_child(args.python, path, with_logitgate, repeats))
+            runs[with_logitgate].append(run_child(python, path, with_logitgate, repeats))
 
     def pooled(with_logitgate: bool, key: str) -> list[float]:
         return [x for run in runs[with_logitgate] for x in run[key]]
@@ -250,12 +276,8 @@ def main(argv: list[str] | None = None) -> dict:
         })
     greedy_lg = [run["greedy_outputs"] for run in runs[True]]
     greedy_vllm = [run["greedy_outputs"] for run in runs[False]]
-    result = {
-        "benchmark": "vllm",
+    return {
         "model": str(path),
-        "python": args.python,
-        "rounds": rounds,
-        "repeats": repeats,
         "rows": rows,
         "greedy_identical": all(out == greedy_vllm[0] for out in greedy_lg + greedy_vllm),
         "greedy_json_valid": [run["json_valid"] for run in runs[True] + runs[False]],
@@ -267,11 +289,113 @@ def main(argv: list[str] | None = None) -> dict:
         "raw_seconds": {"logitgate": {m: pooled(True, f"{m}_s") for m in ("greedy", "t1")},
                         "vllm": {m: pooled(False, f"{m}_s") for m in ("greedy", "t1")}},
     }
+
+
+def tree_spec_benchmark(python: str, rounds: int, repeats: int) -> dict:
+    """Tree decode with vs without n-gram speculative decoding, interleaved engines, medians."""
+    from logitgate.models.demo import TREE_PATH
+
+    # `tree` must be among the ops: without it the plugin no longer serves tree requests.
+    env = {"LOGITGATE_TREE_DECODE_CONFIG": str(TREE_PATH), "LOGITGATE_VLLM_OPS": OPS_WITH_LOGITGATE + ",tree"}
+    runs: dict[str, list[dict]] = {"spec": [], "plain": []}
+    for _ in range(rounds):
+        for which in ("spec", "plain"):
+            runs[which].append(run_child(python, which, True, repeats, "--tree-child", env))
+
+    def median(which: str, key: str) -> float:
+        return statistics.median(x for run in runs[which] for x in run[key])
+
+    seconds = {w: median(w, "seconds") for w in runs}
+    tokens = {w: median(w, "tokens") for w in runs}
+    # Each target step emits its sampled token plus the draft tokens it accepted.
+    passes = {w: statistics.median(t - a for run in runs[w] for t, a in zip(run["tokens"], run["accepted"]))
+              for w in runs}
+    tok_s = {w: tokens[w] / seconds[w] for w in runs}
+    outputs = [run["outputs"] for which in runs for run in runs[which]]
+    row = {
+        "case": f"{TREE_REQUESTS} tree requests (demo tree, global mode), greedy",
+        "mode": "n-gram speculative vs none",
+        "spec_s": round(seconds["spec"], 3),
+        "plain_s": round(seconds["plain"], 3),
+        "speedup_end_to_end": round(seconds["plain"] / seconds["spec"], 2),
+        "spec_tokens_per_s": round(tok_s["spec"], 1),
+        "plain_tokens_per_s": round(tok_s["plain"], 1),
+        "speedup_tokens_per_s": round(tok_s["spec"] / tok_s["plain"], 2),
+        "generation_tokens": tokens["spec"],
+        "target_passes_spec": passes["spec"],
+        "target_passes_plain": passes["plain"],
+        "target_passes_ratio": round(passes["spec"] / passes["plain"], 3),
+    }
+    drafted = median("spec", "drafted")
+    return {
+        "row": row,
+        "speculative_config": _ngram_config(),
+        "greedy_identical": all(out == outputs[0] for out in outputs),
+        "passes_saved": passes["plain"] - passes["spec"],
+        "passes_saved_fraction": round(1 - passes["spec"] / passes["plain"], 3),
+        "draft_tokens": drafted,
+        "accepted_tokens": median("spec", "accepted"),
+        "acceptance_rate": round(median("spec", "accepted") / drafted, 3) if drafted else None,
+        "vllm_generation_tokens": {w: [c for run in runs[w] for c in run["counted"]] for w in runs},
+        "engine_start_s": {w: [round(r["start_s"], 1) for r in runs[w]] for w in runs},
+        "raw_seconds": {w: [x for run in runs[w] for x in run["seconds"]] for w in runs},
+    }
+
+
+def _ngram_config() -> dict:
+    sys.path.insert(0, str(ROOT / "tests" / "vllm_engine"))
+    from engine_scenarios import NGRAM_SPECULATIVE_CONFIG
+
+    return NGRAM_SPECULATIVE_CONFIG
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--child", metavar="MODEL_DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--check", metavar="MODEL_DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--tree-child", choices=("spec", "plain"), help=argparse.SUPPRESS)
+    parser.add_argument("--only", choices=("all", "json", "tree-spec"), default="all",
+                        help="json: 64 JSON-schema requests with vs without logitgate; tree-spec: tree decode "
+                             "with vs without n-gram speculative decoding (default: both)")
+    parser.add_argument("--quick", action="store_true", help="one engine per configuration, 2 rounds each")
+    parser.add_argument("--rounds", type=int, default=2, help="engines per configuration (interleaved)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds per mode inside each engine")
+    parser.add_argument("--python", default=os.environ.get("LOGITGATE_VLLM_PYTHON", sys.executable),
+                        help="interpreter with a real vLLM engine (default: LOGITGATE_VLLM_PYTHON or this one)")
+    parser.add_argument("--out")
+    parser.add_argument("--plot")
+    args = parser.parse_args(argv)
+    if args.check:
+        print("RESULT " + json.dumps(check(args.check)), flush=True)
+        return {}
+    if args.child:
+        print("RESULT " + json.dumps(child(args.child, args.repeats)), flush=True)
+        return {}
+    if args.tree_child:
+        print("RESULT " + json.dumps(tree_child(args.tree_child == "spec", args.repeats)), flush=True)
+        return {}
+
+    from logitgate.cli.bench_harness import emit
+
+    ok, why = engine_available(args.python)
+    if not ok:
+        result = {"benchmark": "vllm", "skipped": f"no real vLLM engine in {args.python}: {why}", "rows": []}
+        emit(result, args.out)
+        return result
+    rounds, repeats = (1, 2) if args.quick else (args.rounds, args.repeats)
+    result = {"benchmark": "vllm", "python": args.python, "rounds": rounds, "repeats": repeats, "rows": []}
+    if args.only in ("all", "json"):
+        result.update(json_benchmark(args.python, rounds, repeats))
+    if args.only in ("all", "tree-spec"):
+        result["tree_spec"] = tree_spec_benchmark(args.python, rounds, repeats)
+        result["rows"] = result["rows"] + [result["tree_spec"]["row"]]
     emit(result, args.out)
     if args.plot:
         from logitgate.cli.bench_harness import plot_bars
 
-        plot_bars(rows, "mode", ["logitgate_s", "vllm_s"], "vLLM engine, 64 JSON-schema requests", args.plot, "seconds (median)")
+        json_rows = [row for row in result["rows"] if "logitgate_s" in row]
+        if json_rows:
+            plot_bars(json_rows, "mode", ["logitgate_s", "vllm_s"], "vLLM engine, 64 JSON-schema requests", args.plot, "seconds (median)")
     return result
 
 

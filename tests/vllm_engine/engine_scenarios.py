@@ -23,7 +23,12 @@ def trie_payload(tokenizer) -> dict:
     return {"modelId": "logitgate-demo", "descriptors": [{"path": "zones", "leaves": leaves}]}
 
 
-def start_engine(speculative: bool):
+NGRAM_SPECULATIVE_CONFIG = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+def start_engine(speculative: bool, max_num_seqs: int = 16):
+    """The demo target on the CPU; with `speculative`, vLLM's n-gram drafter (3 tokens a step).
+    Also used by scripts/bench_vllm.py (tree decode with vs without speculative decoding)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
 
@@ -31,12 +36,10 @@ def start_engine(speculative: bool):
 
     extra = {}
     if speculative:
-        extra["speculative_config"] = {
-            "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1,
-        }
+        extra["speculative_config"] = dict(NGRAM_SPECULATIVE_CONFIG)
     started = time.perf_counter()
     llm = LLM(model=str(TARGET_DIR), skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
-              max_num_seqs=16, seed=0, disable_log_stats=False, **extra)
+              max_num_seqs=max_num_seqs, seed=0, disable_log_stats=False, **extra)
     return llm, time.perf_counter() - started
 
 
