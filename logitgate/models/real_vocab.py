@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -99,6 +100,8 @@ def load_tokenizer(name: str) -> Any:
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     partial = saved.with_name(f"{name}.part{os.getpid()}")
     tokenizer.save_pretrained(str(partial))
-    if not saved.exists():
+    if saved.exists():  # another process saved it first: keep theirs, drop this copy
+        shutil.rmtree(partial, ignore_errors=True)
+    else:
         partial.rename(saved)
     return tokenizer
