@@ -92,7 +92,7 @@ GPU_WHEELS_DIR ?= .gpu-wheels
 GPU_WHEELS := xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 pydantic==2.14.3 pydantic-core==2.50.4 \
 	annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 transformers==5.23.0 \
 	tokenizers==0.23.3 huggingface-hub==2.4.0 hf-xet==1.8.0 safetensors==0.8.0 regex==2026.11.15 \
-	pyyaml==6.0.3 tqdm==4.70.1 filelock==4.2.11 fsspec==2026.9.0 packaging==26.3 httpx2==2.16.2 \
+	pyyaml==6.0.3 tqdm==4.70.1 filelock==4.2.12 fsspec==2026.9.0 packaging==26.3 httpx2==2.16.2 \
 	httpcore2==2.16.2 h11==0.16.0 anyio==4.16.0 idna==3.20 typer==0.29.2 click==8.5.1 rich==15.0.0 \
 	markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.21.0 shellingham==1.5.4 annotated-doc==0.0.7 \
 	truststore==0.10.5 hypothesis==6.170.15 sortedcontainers==2.4.0
