@@ -6,6 +6,8 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.logitgate-installed
+# The versions .venv is installed with, also the GPU machines' wheel list (see the file).
+PINS := requirements/tested-pins.txt
 
 # The vLLM integration is tested against vLLM's real interface classes. vLLM's declared
 # dependencies pull a CUDA torch and GPU kernels, so vllm and exactly the pure-Python packages its
@@ -39,10 +41,10 @@ export TORCH_DEVICE_BACKEND_AUTOLOAD ?= 0
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(PY)
+$(STAMP): pyproject.toml $(PINS) | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev]" -c $(PINS)
 	touch $(STAMP)
 
 $(VLLM_STAMP): $(STAMP)
@@ -86,21 +88,15 @@ bench: $(STAMP)
 # Triton, numba and pytest preinstalled, no network), never in .venv. `make gpu-wheels`, on a machine
 # with network, downloads what those machines lack for cp312 manylinux x86_64 into .gpu-wheels/
 # (carried next to the checkout, at most 64 MiB): xgrammar, hypothesis and exactly the packages they
-# import, one by one with --no-deps (so no torch or CUDA wheel is pulled), at the versions tested here.
+# import, listed in $(PINS) with --no-deps (so no torch or CUDA wheel is pulled) — the same
+# pins .venv is installed with.
 GPU_PYTHON ?= python3
 GPU_WHEELS_DIR ?= .gpu-wheels
-GPU_WHEELS := xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 pydantic==2.14.3 pydantic-core==2.50.4 \
-	annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 transformers==5.23.0 \
-	tokenizers==0.23.3 huggingface-hub==2.4.0 hf-xet==1.8.0 safetensors==0.8.0 regex==2026.11.15 \
-	pyyaml==6.0.3 tqdm==4.70.1 filelock==4.2.12 fsspec==2026.9.0 packaging==26.3 httpx2==2.16.2 \
-	httpcore2==2.16.2 h11==0.16.0 anyio==4.16.0 idna==3.20 typer==0.29.2 click==8.5.1 rich==15.0.0 \
-	markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.21.0 shellingham==1.5.4 annotated-doc==0.0.7 \
-	truststore==0.10.5 hypothesis==6.170.15 sortedcontainers==2.4.0
 
 gpu-wheels:
 	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--abi cp312 --abi abi3 --abi none --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-		--platform manylinux2014_x86_64 -d $(GPU_WHEELS_DIR) $(GPU_WHEELS)
+		--platform manylinux2014_x86_64 -d $(GPU_WHEELS_DIR) -r $(PINS)
 	@size=$$(du -sm $(GPU_WHEELS_DIR) | cut -f1); echo "$(GPU_WHEELS_DIR): $$size MiB"; \
 		test $$size -le 64 || { echo "over the 64 MiB budget"; exit 1; }
 

@@ -1,6 +1,8 @@
 """`make gpu-wheels` carries every package xgrammar and hypothesis import on the GPU machines
 (Python 3.12, Linux x86_64), except what those machines have preinstalled (torch, triton, numpy),
-at the versions installed here: a new dependency or version cannot silently break the offline run."""
+at the versions installed here: a new dependency or version cannot silently break the offline run.
+The list is requirements/tested-pins.txt, which also constrains the .venv install, so a new upstream
+release cannot make the two differ."""
 import importlib.metadata
 import re
 from pathlib import Path
@@ -9,7 +11,7 @@ import pytest
 
 packaging_requirements = pytest.importorskip("packaging.requirements")
 
-MAKEFILE = Path(__file__).resolve().parents[2] / "Makefile"
+PINS = Path(__file__).resolve().parents[2] / "requirements" / "tested-pins.txt"
 PREINSTALLED = {"torch", "triton", "numpy"}
 GPU_HOST = {"python_version": "3.12", "python_full_version": "3.12.0", "sys_platform": "linux", "platform_system": "Linux",
             "platform_machine": "x86_64", "os_name": "posix", "implementation_name": "cpython", "extra": ""}
@@ -20,9 +22,9 @@ def canonical(name: str) -> str:
 
 
 def listed_wheels() -> dict[str, str]:
-    text = MAKEFILE.read_text().replace("\\\n", " ")
-    spec = re.search(r"^GPU_WHEELS := (.*)$", text, flags=re.M).group(1)
-    return dict((canonical(n), v) for n, v in (item.split("==") for item in spec.split()))
+    lines = [line.strip() for line in PINS.read_text().splitlines()]
+    pins = [line for line in lines if line and not line.startswith("#")]
+    return dict((canonical(n), v) for n, v in (pin.split("==") for pin in pins))
 
 
 def closure(roots: list[str]) -> set[str]:
@@ -43,6 +45,6 @@ def test_wheel_list_covers_what_xgrammar_and_hypothesis_import():
     pytest.importorskip("xgrammar")
     listed = listed_wheels()
     needed = closure(["xgrammar", "hypothesis"])
-    assert needed - set(listed) == set(), "add these to GPU_WHEELS in the Makefile"
+    assert needed - set(listed) == set(), "add these to requirements/tested-pins.txt"
     for name in needed:
-        assert listed[name] == importlib.metadata.version(name), f"GPU_WHEELS pins {name}=={listed[name]}, tested with another"
+        assert listed[name] == importlib.metadata.version(name), f"tested-pins.txt pins {name}=={listed[name]}, tested with another"
