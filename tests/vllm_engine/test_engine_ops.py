@@ -46,6 +46,8 @@ def test_engine_used_logitgate_kernels(runs):
     assert calls["vllm.v1.structured_output.utils.xgr"] > 0  # every step masks
     assert calls["vllm.v1.sample.ops.topk_topp_sampler.TopKTopPSampler.forward_cpu"] > 0  # the T=1 round
     assert calls["vllm.v1.sample.ops.topk_topp_sampler.random_sample"] > 0
+    # Every decode step's bitmask was filled while the model ran (fill_ahead.py).
+    assert calls["vllm.v1.core.sched.scheduler.Scheduler.get_grammar_bitmask"] > 0
     assert without["routed_calls"] == {}  # VLLM_PLUGINS= : logitgate never loaded
 
 

@@ -59,8 +59,15 @@ assert tt.TopKTopPSampler.forward_cpu.__logitgate_original__ is before[1]
 assert so.__dict__['xgr'].__logitgate_original__ is before[2]
 assert "numba" not in sys.modules and "llvmlite" not in sys.modules
 assert ops.install({"bitmask"}) == ["vllm.v1.structured_output.utils.xgr", "vllm.v1.sample.rejection_sampler.expand_batch_to_tokens"]
+from vllm.v1.core.sched.scheduler import Scheduler
+schedule = Scheduler.schedule
+assert ops.install({"fill"}) == ["vllm.v1.core.sched.scheduler.Scheduler.schedule",
+    "vllm.v1.core.sched.scheduler.Scheduler.get_grammar_bitmask", "vllm.v1.sample.rejection_sampler.expand_batch_to_tokens"]
+assert Scheduler.schedule.__logitgate_original__ is schedule
+first += ["vllm.v1.core.sched.scheduler.Scheduler.schedule", "vllm.v1.core.sched.scheduler.Scheduler.get_grammar_bitmask"]
 assert sorted(ops.uninstall()) == sorted(first)
 assert (rs.rejection_sample, tt.TopKTopPSampler.forward_cpu, so.__dict__['xgr']) == before
+assert Scheduler.schedule is schedule
 print("OK")
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

