@@ -7,8 +7,9 @@
   sparse token list).
 
 Semantics: ../reference.py (gather_candidate_logits_reference, keep_candidate_logits_reference,
-fill_tree_bitmask_reference). Each kernel walks (row, tile) work items with a grid-stride loop: one
-tile per program on CUDA, a few long-lived programs, one per vector core, on Ascend. A row's
+fill_tree_bitmask_reference). Each kernel walks (rows, columns) tiles of about `block` lanes with a
+grid-stride loop: one tile per program on CUDA, a few long-lived programs, one per vector core, on
+Ascend; a layout of narrow rows packs many rows into a tile. A row's
 token list is read only below its width (an empty row, or padding after it, is never read), so
 the work follows the candidates, except where the contract writes whole rows (keep's -inf, the
 bitmask's words). Keep moves values as bits through an integer view (exact for every float dtype,
@@ -32,123 +33,137 @@ BITMASK_BYTES_PER_WORD = 8 + 4 + 4 + 1
 
 
 @triton.jit
-def _candidates(rows_ptr, starts_ptr, widths_ptr, allow_tok_ptr, work, tiles_per_row, BLOCK: tl.constexpr):
-    """Work item `work`: (its row of the layout i, the logits row, columns, which columns are
-    candidates, their token ids); tokens of non-candidate columns are 0 and never used."""
-    i = work // tiles_per_row
-    cols = (work % tiles_per_row) * BLOCK + tl.arange(0, BLOCK)
-    row = tl.load(rows_ptr + i).to(tl.int64)
-    start = tl.load(starts_ptr + i).to(tl.int64)
-    valid = cols < tl.load(widths_ptr + i)
-    tok = tl.load(allow_tok_ptr + start + cols, mask=valid, other=0).to(tl.int64)
-    return i, row, cols, valid, tok
+def _block(work, num_rows, col_tiles, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Work item `work`: BLOCK_R rows (indices, which exist) by BLOCK_W columns."""
+    r = (work // col_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = (work % col_tiles) * BLOCK_W + tl.arange(0, BLOCK_W)
+    return r, r < num_rows, cols
+
+
+@triton.jit
+def _candidates(rows_ptr, starts_ptr, widths_ptr, allow_tok_ptr, r, live, cols):
+    """(logits row of each layout row, which (row, column) are candidates, their token ids);
+    tokens of non-candidates are 0 and never used."""
+    row = tl.load(rows_ptr + r, mask=live, other=0).to(tl.int64)
+    start = tl.load(starts_ptr + r, mask=live, other=0).to(tl.int64)
+    valid = cols[None, :] < tl.load(widths_ptr + r, mask=live, other=0)[:, None]
+    tok = tl.load(allow_tok_ptr + start[:, None] + cols[None, :], mask=valid, other=0).to(tl.int64)
+    return row, valid, tok
 
 
 @triton.jit
 def _gather_candidates_kernel(
     logits_ptr, rows_ptr, starts_ptr, widths_ptr, allow_tok_ptr, out_ptr,
     num_rows, width, row_stride, col_stride,
-    BLOCK: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    tiles_per_row = tl.cdiv(width, BLOCK)
-    for work in tl.range(pid, num_rows * tiles_per_row, tl.num_programs(0)):
-        i, row, cols, valid, tok = _candidates(rows_ptr, starts_ptr, widths_ptr, allow_tok_ptr, work, tiles_per_row, BLOCK)
-        value = tl.load(logits_ptr + row * row_stride + tok * col_stride, mask=valid, other=0.0).to(tl.float32)
+    col_tiles = tl.cdiv(width, BLOCK_W)
+    for work in tl.range(tl.program_id(0), tl.cdiv(num_rows, BLOCK_R) * col_tiles, tl.num_programs(0)):
+        r, live, cols = _block(work, num_rows, col_tiles, BLOCK_R, BLOCK_W)
+        row, valid, tok = _candidates(rows_ptr, starts_ptr, widths_ptr, allow_tok_ptr, r, live, cols)
+        value = tl.load(logits_ptr + row[:, None] * row_stride + tok * col_stride, mask=valid, other=0.0).to(tl.float32)
         value = tl.where(valid, value, float("-inf"))
-        tl.store(out_ptr + i.to(tl.int64) * width + cols, value, mask=cols < width)
+        out = out_ptr + r.to(tl.int64)[:, None] * width + cols[None, :]
+        tl.store(out, value, mask=live[:, None] & (cols[None, :] < width))
 
 
 @triton.jit
 def _save_candidates_kernel(
     bits_ptr, rows_ptr, starts_ptr, widths_ptr, allow_tok_ptr, saved_ptr,
     num_rows, width, row_stride, col_stride,
-    BLOCK: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    tiles_per_row = tl.cdiv(width, BLOCK)
-    for work in tl.range(pid, num_rows * tiles_per_row, tl.num_programs(0)):
-        i, row, cols, valid, tok = _candidates(rows_ptr, starts_ptr, widths_ptr, allow_tok_ptr, work, tiles_per_row, BLOCK)
-        bits = tl.load(bits_ptr + row * row_stride + tok * col_stride, mask=valid, other=0)
-        tl.store(saved_ptr + i.to(tl.int64) * width + cols, bits, mask=valid)
+    col_tiles = tl.cdiv(width, BLOCK_W)
+    for work in tl.range(tl.program_id(0), tl.cdiv(num_rows, BLOCK_R) * col_tiles, tl.num_programs(0)):
+        r, live, cols = _block(work, num_rows, col_tiles, BLOCK_R, BLOCK_W)
+        row, valid, tok = _candidates(rows_ptr, starts_ptr, widths_ptr, allow_tok_ptr, r, live, cols)
+        bits = tl.load(bits_ptr + row[:, None] * row_stride + tok * col_stride, mask=valid, other=0)
+        tl.store(saved_ptr + r.to(tl.int64)[:, None] * width + cols[None, :], bits, mask=valid)
 
 
 @triton.jit
 def _restore_candidates_kernel(
     bits_ptr, rows_ptr, starts_ptr, widths_ptr, allow_tok_ptr, saved_ptr,
     num_rows, width, row_stride, col_stride,
-    BLOCK: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    tiles_per_row = tl.cdiv(width, BLOCK)
-    for work in tl.range(pid, num_rows * tiles_per_row, tl.num_programs(0)):
-        i, row, cols, valid, tok = _candidates(rows_ptr, starts_ptr, widths_ptr, allow_tok_ptr, work, tiles_per_row, BLOCK)
-        bits = tl.load(saved_ptr + i.to(tl.int64) * width + cols, mask=valid, other=0)
-        tl.store(bits_ptr + row * row_stride + tok * col_stride, bits, mask=valid)
+    col_tiles = tl.cdiv(width, BLOCK_W)
+    for work in tl.range(tl.program_id(0), tl.cdiv(num_rows, BLOCK_R) * col_tiles, tl.num_programs(0)):
+        r, live, cols = _block(work, num_rows, col_tiles, BLOCK_R, BLOCK_W)
+        row, valid, tok = _candidates(rows_ptr, starts_ptr, widths_ptr, allow_tok_ptr, r, live, cols)
+        bits = tl.load(saved_ptr + r.to(tl.int64)[:, None] * width + cols[None, :], mask=valid, other=0)
+        tl.store(bits_ptr + row[:, None] * row_stride + tok * col_stride, bits, mask=valid)
 
 
 @triton.jit
-def _fill_rows_kernel(bits_ptr, rows_ptr, num_rows, vocab_size, row_stride, col_stride, neg_inf_bits, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    tiles_per_row = tl.cdiv(vocab_size, BLOCK)
-    for work in tl.range(pid, num_rows * tiles_per_row, tl.num_programs(0)):
-        row = tl.load(rows_ptr + work // tiles_per_row).to(tl.int64)
-        cols = (work % tiles_per_row) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(bits_ptr + row * row_stride + cols.to(tl.int64) * col_stride, neg_inf_bits, mask=cols < vocab_size)
+def _fill_rows_kernel(
+    bits_ptr, rows_ptr, num_rows, vocab_size, row_stride, col_stride, neg_inf_bits,
+    BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    col_tiles = tl.cdiv(vocab_size, BLOCK_W)
+    for work in tl.range(tl.program_id(0), tl.cdiv(num_rows, BLOCK_R) * col_tiles, tl.num_programs(0)):
+        r, live, cols = _block(work, num_rows, col_tiles, BLOCK_R, BLOCK_W)
+        row = tl.load(rows_ptr + r, mask=live, other=0).to(tl.int64)
+        target = bits_ptr + row[:, None] * row_stride + cols.to(tl.int64)[None, :] * col_stride
+        tl.store(target, neg_inf_bits, mask=live[:, None] & (cols[None, :] < vocab_size))
 
 
 @triton.jit
 def _bitmask_dense_kernel(
     bitmask_ptr, states_ptr, dense_rows_ptr, dense_slot_ptr,
     num_rows, words, dense_words, bitmask_stride, dense_stride,
-    HAS_DENSE: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_DENSE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """bitmask[r] := the state's precomputed dense row (zero past its words; all zero without
     dense rows)."""
-    pid = tl.program_id(0)
-    tiles_per_row = tl.cdiv(words, BLOCK)
-    for work in tl.range(pid, num_rows * tiles_per_row, tl.num_programs(0)):
-        r = (work // tiles_per_row).to(tl.int64)
-        w = (work % tiles_per_row) * BLOCK + tl.arange(0, BLOCK)
+    col_tiles = tl.cdiv(words, BLOCK_W)
+    for work in tl.range(tl.program_id(0), tl.cdiv(num_rows, BLOCK_R) * col_tiles, tl.num_programs(0)):
+        r, live, w = _block(work, num_rows, col_tiles, BLOCK_R, BLOCK_W)
         if HAS_DENSE:
-            slot = tl.load(dense_slot_ptr + tl.load(states_ptr + r)).to(tl.int64)
-            value = tl.load(dense_rows_ptr + slot * dense_stride + w, mask=w < dense_words, other=0)
+            state = tl.load(states_ptr + r, mask=live, other=0)
+            slot = tl.load(dense_slot_ptr + state, mask=live, other=0).to(tl.int64)
+            inside = live[:, None] & (w[None, :] < dense_words)
+            value = tl.load(dense_rows_ptr + slot[:, None] * dense_stride + w[None, :], mask=inside, other=0)
         else:
-            value = tl.zeros((BLOCK,), tl.int32)
-        tl.store(bitmask_ptr + r * bitmask_stride + w, value, mask=w < words)
+            value = tl.zeros((BLOCK_R, BLOCK_W), tl.int32)
+        target = bitmask_ptr + r.to(tl.int64)[:, None] * bitmask_stride + w[None, :]
+        tl.store(target, value, mask=live[:, None] & (w[None, :] < words))
 
 
 @triton.jit
 def _bitmask_sparse_kernel(
     bitmask_ptr, states_ptr, allow_start_ptr, allow_tok_ptr, fill_width_ptr,
     num_rows, max_width, bitmask_stride,
-    BLOCK: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """Add the bits of each state's sparse token list. Its tokens are distinct and a state with a
     dense row has none, so adding equals OR-ing; tokens sharing a word need the atomic."""
-    pid = tl.program_id(0)
-    tiles_per_row = tl.cdiv(max_width, BLOCK)
-    for work in tl.range(pid, num_rows * tiles_per_row, tl.num_programs(0)):
-        r = (work // tiles_per_row).to(tl.int64)
-        cols = (work % tiles_per_row) * BLOCK + tl.arange(0, BLOCK)
-        state = tl.load(states_ptr + r)
-        start = tl.load(allow_start_ptr + state).to(tl.int64)
-        valid = cols < tl.load(fill_width_ptr + state)
-        tok = tl.load(allow_tok_ptr + start + cols, mask=valid, other=0).to(tl.int32)
-        bit = tl.full((BLOCK,), 1, tl.int32) << (tok & 31)  # bit 31: the negative int32 with that bit
-        tl.atomic_add(bitmask_ptr + r * bitmask_stride + (tok >> 5), bit, mask=valid)
+    col_tiles = tl.cdiv(max_width, BLOCK_W)
+    for work in tl.range(tl.program_id(0), tl.cdiv(num_rows, BLOCK_R) * col_tiles, tl.num_programs(0)):
+        r, live, cols = _block(work, num_rows, col_tiles, BLOCK_R, BLOCK_W)
+        state = tl.load(states_ptr + r, mask=live, other=0)
+        start = tl.load(allow_start_ptr + state, mask=live, other=0).to(tl.int64)
+        valid = cols[None, :] < tl.load(fill_width_ptr + state, mask=live, other=0)[:, None]
+        tok = tl.load(allow_tok_ptr + start[:, None] + cols[None, :], mask=valid, other=0).to(tl.int32)
+        bit = tl.full((BLOCK_R, BLOCK_W), 1, tl.int32) << (tok & 31)  # bit 31: the negative int32 with that bit
+        tl.atomic_add(bitmask_ptr + r.to(tl.int64)[:, None] * bitmask_stride + (tok >> 5), bit, mask=valid)
 
 
 # ---- launchers (inputs validated by the callers: widths <= width, tokens < the logits' width) ----
 
 
-def _grid(work_items: int, max_programs: int) -> tuple[int]:
-    return (max(1, min(work_items, max_programs)),)
+def _shape(block: int, num_rows: int, extent: int) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_W, work items): tiles of about `block` lanes, no wider than the extent
+    (rounded up to a power of two: wider tiles only add masked lanes), filled with more rows when
+    the extent is narrow (a layout of narrow rows is as few work items as a wide one)."""
+    block_w = max(16, min(block, triton.next_power_of_2(max(extent, 1))))
+    block_r = max(1, min(block // block_w, triton.next_power_of_2(num_rows)))
+    return block_r, block_w, triton.cdiv(num_rows, block_r) * triton.cdiv(extent, block_w)
 
 
-def _tile(block: int, extent: int) -> int:
-    """No wider than the extent (rounded up to a power of two): wider tiles only add masked lanes."""
-    return max(16, min(block, triton.next_power_of_2(max(extent, 1))))
+def _launch(kernel, block: int, max_programs: int, num_rows: int, extent: int, *args, **constexprs) -> None:
+    block_r, block_w, work = _shape(block, num_rows, extent)
+    kernel[(max(1, min(work, max_programs)),)](*args, BLOCK_R=block_r, BLOCK_W=block_w, **constexprs)
 
 
 def gather_candidate_logits_triton(logits, rows, starts, widths, allow_tok, width, *, block: int, max_programs: int) -> torch.Tensor:
@@ -157,11 +172,10 @@ def gather_candidate_logits_triton(logits, rows, starts, widths, allow_tok, widt
     out = torch.empty((n, width), dtype=torch.float32, device=logits.device)
     if n == 0 or width == 0:
         return out
-    tile = _tile(block, width)
-    _gather_candidates_kernel[_grid(n * triton.cdiv(width, tile), max_programs)](
+    _launch(
+        _gather_candidates_kernel, block, max_programs, n, width,
         logits, rows.contiguous(), starts.contiguous(), widths.contiguous(), allow_tok.contiguous(), out,
         n, width, logits.stride(0), logits.stride(1),
-        BLOCK=tile,
     )
     return out
 
@@ -175,20 +189,16 @@ def keep_candidate_logits_triton(
     if n == 0:
         return
     bits = logits.view(INT_VIEW[logits.dtype])
-    rows, starts, widths, allow_tok = rows.contiguous(), starts.contiguous(), widths.contiguous(), allow_tok.contiguous()
-    args = (rows, starts, widths, allow_tok)
-    tile = _tile(block, width)
+    rows = rows.contiguous()
+    table = (rows, starts.contiguous(), widths.contiguous(), allow_tok.contiguous())
     saved = torch.empty((n, width), dtype=bits.dtype, device=logits.device)
-    grid = _grid(n * triton.cdiv(width, tile), max_programs)
+    strides = (bits.stride(0), bits.stride(1))
     if width:
-        _save_candidates_kernel[grid](bits, *args, saved, n, width, bits.stride(0), bits.stride(1), BLOCK=tile)
+        _launch(_save_candidates_kernel, block, max_programs, n, width, bits, *table, saved, n, width, *strides)
     vocab = logits.shape[1]
-    fill_tile = _tile(fill_block, vocab)
-    _fill_rows_kernel[_grid(n * triton.cdiv(vocab, fill_tile), max_programs)](
-        bits, rows, n, vocab, bits.stride(0), bits.stride(1), int(NEG_INF_BITS[logits.dtype]), BLOCK=fill_tile
-    )
+    _launch(_fill_rows_kernel, fill_block, max_programs, n, vocab, bits, rows, n, vocab, *strides, int(NEG_INF_BITS[logits.dtype]))
     if width:
-        _restore_candidates_kernel[grid](bits, *args, saved, n, width, bits.stride(0), bits.stride(1), BLOCK=tile)
+        _launch(_restore_candidates_kernel, block, max_programs, n, width, bits, *table, saved, n, width, *strides)
 
 
 def fill_tree_bitmask_triton(
@@ -201,17 +211,16 @@ def fill_tree_bitmask_triton(
         return
     states = states.contiguous()
     has_dense = dense_rows is not None
-    word_tile = _tile(block, words)
-    _bitmask_dense_kernel[_grid(rows * triton.cdiv(words, word_tile), max_programs)](
-        bitmask, states, dense_rows if has_dense else bitmask, dense_slot if has_dense else states,
+    _launch(
+        _bitmask_dense_kernel, block, max_programs, rows, words,
+        bitmask, states, dense_rows if has_dense else bitmask, dense_slot.contiguous() if has_dense else states,
         rows, words, dense_rows.shape[1] if has_dense else 0, bitmask.stride(0), dense_rows.stride(0) if has_dense else 0,
-        HAS_DENSE=has_dense, BLOCK=word_tile,
+        HAS_DENSE=has_dense,
     )
     if max_width == 0:
         return
-    tile = _tile(block, max_width)
-    _bitmask_sparse_kernel[_grid(rows * triton.cdiv(max_width, tile), max_programs)](
+    _launch(
+        _bitmask_sparse_kernel, block, max_programs, rows, max_width,
         bitmask, states, allow_start.contiguous(), allow_tok.contiguous(), fill_width.contiguous(),
         rows, max_width, bitmask.stride(0),
-        BLOCK=tile,
     )
