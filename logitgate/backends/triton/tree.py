@@ -153,11 +153,12 @@ def _bitmask_sparse_kernel(
 
 
 def _shape(block: int, num_rows: int, extent: int) -> tuple[int, int, int]:
-    """(BLOCK_R, BLOCK_W, work items): tiles of about `block` lanes, no wider than the extent
-    (rounded up to a power of two: wider tiles only add masked lanes), filled with more rows when
-    the extent is narrow (a layout of narrow rows is as few work items as a wide one)."""
+    """(BLOCK_R, BLOCK_W, work items): tiles of `block` lanes, no wider than the extent (rounded up
+    to a power of two: wider tiles only add masked lanes), filled with more rows when the extent is
+    narrow (a layout of narrow rows is as few work items as a wide one). BLOCK_R does not follow
+    the row count, so a kernel compiles once per power-of-two width, not per batch size."""
     block_w = max(16, min(block, triton.next_power_of_2(max(extent, 1))))
-    block_r = max(1, min(block // block_w, triton.next_power_of_2(num_rows)))
+    block_r = max(1, block // block_w)
     return block_r, block_w, triton.cdiv(num_rows, block_r) * triton.cdiv(extent, block_w)
 
 
