@@ -20,7 +20,7 @@ from logitgate.backends.reference import (
 )
 from logitgate.structured.tree_candidates import keep_only_allowed, plan_tree_step
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 
 @st.composite

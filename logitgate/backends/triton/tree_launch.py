@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+# keep moves values as bits through an integer view of these dtypes (others use the reference).
+_BIT_VIEW_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
 
 class TritonTreeMixin:
     def _tree_uses_triton(self) -> bool:
@@ -35,7 +40,7 @@ class TritonTreeMixin:
         )
 
     def keep_candidate_logits(self, logits, rows, starts, widths, allow_tok, width):
-        if not self._tree_uses_triton():
+        if not self._tree_uses_triton() or logits.dtype not in _BIT_VIEW_DTYPES:
             super().keep_candidate_logits(logits, rows, starts, widths, allow_tok, width)
             return
         from .tree import CANDIDATE_BYTES_PER_TOKEN, FILL_ROW_BYTES_PER_TOKEN, keep_candidate_logits_triton
