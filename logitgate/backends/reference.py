@@ -133,8 +133,8 @@ def fill_tree_bitmask_reference(
     """bitmask[r] (int32 (B, W), contiguous) := the allowed set of tree state s = states[r]: the
     precomputed row dense_rows[dense_slot[s]] (row 0 is all zero; the rows may cover fewer words than
     W, the rest is zeroed) plus the bits of allow_tok[allow_start[s] : allow_start[s] + fill_width[s]]
-    (nothing past a state's fill width is read). A state has either a dense row or a sparse list (fill_width 0), and its tokens are distinct, so
-    adding the bits equals OR-ing them."""
+    (nothing past a state's fill width is read). A state has either a dense row or a sparse list
+    (fill_width 0), and its tokens are distinct, so adding the bits equals OR-ing them."""
     rows, words = bitmask.shape
     if dense_rows is None:
         bitmask.zero_()

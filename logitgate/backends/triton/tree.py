@@ -7,15 +7,15 @@
   sparse token list).
 
 Semantics: ../reference.py (gather_candidate_logits_reference, keep_candidate_logits_reference,
-fill_tree_bitmask_reference). Each kernel walks (rows, columns) tiles of about `block` lanes with a
+fill_tree_bitmask_reference). Each kernel walks (rows, columns) tiles of `block` lanes with a
 grid-stride loop: one tile per program on CUDA, a few long-lived programs, one per vector core, on
-Ascend; a layout of narrow rows packs many rows into a tile. A row's
-token list is read only below its width (an empty row, or padding after it, is never read), so
-the work follows the candidates, except where the contract writes whole rows (keep's -inf, the
-bitmask's words). Keep moves values as bits through an integer view (exact for every float dtype,
-no arithmetic the interpreter lacks for bfloat16); in-row order between its three steps (save the
-allowed values, fill the row, put them back) comes from three launches on one stream, not from
-barriers inside a program. Nothing here synchronises with the host.
+Ascend; a layout of narrow rows packs many rows into a tile. A row's token list is read only below
+its width (an empty row, or padding after it, is never read), so the work follows the candidates,
+except where the contract writes whole rows (keep's -inf, the bitmask's words). Keep moves values
+as bits through an integer view (exact for every float dtype, no arithmetic the interpreter lacks
+for bfloat16); the order of its three steps within a row (save the allowed values, fill the row,
+put them back) comes from three launches on one stream, not from barriers inside a program.
+Nothing here synchronises with the host.
 """
 from __future__ import annotations
 
