@@ -55,10 +55,11 @@ def _args(lists, starts, flat, rows, picks, extra):
     )
 
 
-@given(case=padded_tables(), dtype=st.sampled_from(DTYPES))
-def test_gather_reads_only_the_candidates(case, dtype, backend):
+@given(case=padded_tables(), dtype=st.sampled_from(DTYPES), strided=st.booleans())
+def test_gather_reads_only_the_candidates(case, dtype, strided, backend):
     vocab, lists, starts, flat, batch, rows, picks, extra, seed = case
-    logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    base = torch.randn(batch, vocab + 5, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    logits = base[:, 2 : vocab + 2] if strided else base[:, :vocab].contiguous()
     args = _args(lists, starts, flat, rows, picks, extra)
     got = backend.gather_candidate_logits(logits, *args)
     assert torch.equal(got, gather_candidate_logits_reference(logits, *args))
