@@ -14,7 +14,8 @@ with `pip --no-index` when missing. One run, at most --budget-s seconds (default
    process: bitmask apply vs xgrammar's kernel and torch masked_fill, as us, GB/s and the fraction of
    the device-to-device copy bandwidth measured in the same run; top-k/top-p + random sampling vs
    vLLM's algorithm in torch and the sort-based reference; rejection sampling (B=64, k=4) vs vLLM's
-   algorithm in torch and one read of the logits (the floor); tree fill and candidates;
+   algorithm in torch and one read of the logits (the floor); tree fill, candidates, and the sparse
+   path's kernels (gather candidates, keep only allowed, fill) vs their torch reference;
 4. the test suite with LOGITGATE_DEVICE=cuda and native Triton (no interpreter), in what is left of
    the budget.
 
@@ -264,6 +265,8 @@ def decode_step_parts(backend, shapes: dict) -> dict[str, Callable[[], Any]]:
     temperature = torch.ones(rb, device=dev)
     counts = [k] * rb
     state = {"states": states}
+    tree_args, width = tree_kernel_args(tree, states)  # the layout's width is known before the step
+    kept = logits.clone()
 
     def advance():
         state["states"] = tree.advance(states, tokens)
@@ -277,6 +280,8 @@ def decode_step_parts(backend, shapes: dict) -> dict[str, Callable[[], Any]]:
         "tree fill_bitmask": lambda: tree.fill_bitmask(state["states"], bitmask),
         "apply_token_bitmask": lambda: logitgate.apply_token_bitmask_inplace(logits, bitmask, backend=backend),
         "tree candidates": lambda: tree.candidates(state["states"]),
+        "tree gather candidates (sparse layout)": lambda: backend.gather_candidate_logits(logits, *tree_args, width),
+        "tree keep only allowed": lambda: backend.keep_candidate_logits(kept, *tree_args, width),
         "Sampler (noise prefetched on the side stream, top-k/top-p, draw)": sample,
         "rejection_sample (B=%d, k=%d, draft probs)" % (rb, k): lambda: rejection_sample(
             drafts, counts, target, bonus, draft_probs=draft_probs, temperature=temperature, backend=backend),
@@ -496,7 +501,9 @@ def bench_tree(backend, shapes, timer: Timer, repeats: int, progress) -> list[di
 
     batch, vocab, items = shapes["tree"]
     dev = backend.device
-    progress.step(f"tree fill and candidates B={batch} V={vocab}, {items} items")
+    from logitgate.backends import reference
+
+    progress.step(f"tree fill, candidates, gather and keep B={batch} V={vocab}, {items} items")
     catalog = make_catalog(items)
     tree = TreeDFA.from_prefix_dict(prefix_dict_config(catalog), vocab_size=vocab, device=dev)
     prefixes = (batch_prefixes(catalog) * (batch // 64 + 1))[:batch]
@@ -514,16 +521,63 @@ def bench_tree(backend, shapes, timer: Timer, repeats: int, progress) -> list[di
         picked = logits.gather(1, ids).masked_fill_(~valid, float("-inf")).argmax(1, keepdim=True)
         return ids.gather(1, picked)
 
+    # The sparse path's kernels (Triton on CUDA) against the torch reference they replace, on one
+    # layout of the batch's exact widths; keep works on its own copy of the logits.
+    tree_args, width = tree_kernel_args(tree, states)
+    kept = logits.clone()
+    fill_args = (states, tree._allow_start, tree._allow_tok, tree._fill_width, tree._fill_max_width,
+                 tree._dense_rows, tree._dense_slot)
+    torch_bitmask = bitmask.clone()
     fns = {
         "fill_bitmask": lambda: tree.fill_bitmask(states, bitmask),
+        "fill_bitmask_torch": lambda: reference.fill_tree_bitmask_reference(torch_bitmask, *fill_args),
         "fill_and_apply": dense,
         "candidates": lambda: tree.candidates(states),
         "candidates_greedy": sparse_greedy,
+        "gather_candidates": lambda: backend.gather_candidate_logits(logits, *tree_args, width),
+        "gather_candidates_torch": lambda: reference.gather_candidate_logits_reference(logits, *tree_args, width),
+        "keep_only_allowed": lambda: backend.keep_candidate_logits(kept, *tree_args, width),
+        "keep_only_allowed_torch": lambda: reference.keep_candidate_logits_reference(kept, *tree_args, width),
         "advance": lambda: tree.advance(states, tokens),
     }
     runs = timed(fns, timer, repeats)
+    ms = {name: t.median for name, t in runs.items()}
     return [{"case": f"{items}-item prefix-dict tree, rows two tokens deep", "shape": f"{batch}x{vocab}",
-             "max_width": tree.max_width, "impl": {name: _us(t) for name, t in runs.items()}}]
+             "max_width": tree.max_width, "layout_width": width, "impl": {name: _us(t) for name, t in runs.items()},
+             "speedup_fill_vs_torch": ms["fill_bitmask_torch"] / ms["fill_bitmask"],
+             "speedup_gather_vs_torch": ms["gather_candidates_torch"] / ms["gather_candidates"],
+             "speedup_keep_vs_torch": ms["keep_only_allowed_torch"] / ms["keep_only_allowed"],
+             "correct": tree_kernels_correct(backend, tree, states, logits, fill_args)}]
+
+
+def tree_kernel_args(tree, states):
+    """(rows, starts, widths, allow_tok) of every row of `states` in one sparse layout, and its
+    width (the widest row, read once here, outside any timed or sync-checked part)."""
+    import torch
+
+    widths = tree._width[states].long()
+    rows = torch.arange(states.shape[0], device=states.device)
+    return (rows, tree._allow_start[states], widths, tree._allow_tok), int(widths.max())
+
+
+def tree_kernels_correct(backend, tree, states, logits, fill_args) -> dict[str, bool]:
+    """The backend's tree kernels equal the torch reference on the benchmark's inputs."""
+    import torch
+
+    from logitgate.backends import reference
+
+    args, width = tree_kernel_args(tree, states)
+    got_mask, want_mask = (torch.full((states.shape[0], (logits.shape[1] + 31) // 32), 7, dtype=torch.int32,
+                                      device=logits.device) for _ in range(2))
+    backend.fill_tree_bitmask(got_mask, *fill_args)
+    reference.fill_tree_bitmask_reference(want_mask, *fill_args)
+    got_keep, want_keep = logits.clone(), logits.clone()
+    backend.keep_candidate_logits(got_keep, *args, width)
+    reference.keep_candidate_logits_reference(want_keep, *args, width)
+    gathered = backend.gather_candidate_logits(logits, *args, width)
+    return {"fill_bitmask": torch.equal(got_mask, want_mask),
+            "gather_candidates": torch.equal(gathered, reference.gather_candidate_logits_reference(logits, *args, width)),
+            "keep_only_allowed": torch.equal(got_keep, want_keep)}
 
 
 BENCHMARKS = {"bitmask": bench_bitmask, "sampling": bench_sampling, "rejection": bench_rejection, "tree": bench_tree}
@@ -617,6 +671,8 @@ def markdown(report: dict[str, Any]) -> str:
                       "| --- | --- | --- |"]
             lines += [f"| {name} | {_fmt(m['us'])}{' (noisy)' if m['spread'] > 0.25 else ''} | "
                       f"{_fmt(m['us_min'])}-{_fmt(m['us_max'])} |" for name, m in row["impl"].items()]
+            if isinstance(row.get("correct"), dict):
+                lines += ["", "equal to the torch reference: " + ", ".join(f"{k} {v}" for k, v in row["correct"].items())]
             ratios = {k: v for k, v in row.items() if k.startswith(("vs_", "speedup_"))}
             if ratios:
                 lines += ["", ", ".join(f"{k} = {v:.2f}" for k, v in ratios.items())

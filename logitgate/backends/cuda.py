@@ -8,9 +8,11 @@ import torch
 from .base import Backend, Capabilities
 from .reference import apply_token_bitmask_reference
 from .triton.rejection_launch import TritonRejectionMixin
+from .triton.tree_launch import TritonTreeMixin
 
 CUDA_BITMASK_BLOCK = 4096
 CUDA_REJECTION_BLOCK = 4096  # vocabulary tile of the per-request rejection kernels
+CUDA_TREE_BLOCK = 1024  # candidates (or bitmask words, or -inf columns) per tree-kernel tile
 from .torch_kernels import apply_top_k_top_p_torch
 
 CUDA_BITMASK_BLOCK = 4096
@@ -20,7 +22,7 @@ CUDA_TOP_K_TOP_P_BLOCK = 4096
 CUDA_TOP_K_TOP_P_MIN_ROWS = 8
 
 
-class CudaBackend(TritonRejectionMixin, Backend):
+class CudaBackend(TritonTreeMixin, TritonRejectionMixin, Backend):
     name = "cuda"
 
     def __init__(self, device: torch.device | str = "cuda") -> None:
@@ -40,6 +42,7 @@ class CudaBackend(TritonRejectionMixin, Backend):
         bitmask = "triton (grid-stride, int view store)" if self._has_triton else "torch reference (triton missing)"
         return {
             **self._rejection_kernel_names(),
+            **self._tree_kernel_names(),
             "apply_token_bitmask": bitmask,
             "random_sample": "exponential trick argmax(p / q), q ~ Exp(1) drawn ahead on a side stream, event-synchronised",
             "top_k_top_p": "torch.topk candidates when every row has top-k (max k known on the host); else, from "
@@ -53,6 +56,13 @@ class CudaBackend(TritonRejectionMixin, Backend):
         # One program per request: enough parallelism for decode batches, and every row is read
         # by one program only while its request is still accepting.
         return {"grid": max(batch_size, 1), "requests_per_program": 1, "block_v": CUDA_REJECTION_BLOCK}
+
+    def _tree_uses_triton(self) -> bool:
+        return self._has_triton
+
+    def _tree_launch(self, bytes_per_token: int) -> dict:
+        # Grid-stride over (row, tile) work items with a few programs per SM, as the bitmask kernel.
+        return {"block": CUDA_TREE_BLOCK, "max_programs": self._num_sms * 4}
 
     def apply_token_bitmask(self, logits, bitmask, rows, vocab_size) -> None:
         if not self._has_triton:

@@ -20,6 +20,7 @@ from .cpu.bitmask_kernels import apply_token_bitmask_cpu
 from .reference import apply_token_bitmask_reference
 from .triton.launch import ascend_grid_and_block, ascend_vocab_tile
 from .triton.rejection_launch import TritonRejectionMixin
+from .triton.tree_launch import TritonTreeMixin
 from .torch_kernels import apply_top_k_top_p_torch
 from .triton.launch import ascend_vocab_tile
 
@@ -35,7 +36,7 @@ BITMASK_COMPILED = "torch.compile"
 BITMASK_ROUND_TRIP = "cpu-float32-roundtrip"
 
 
-class NpuBackend(TritonRejectionMixin, Backend):
+class NpuBackend(TritonTreeMixin, TritonRejectionMixin, Backend):
     name = "npu"
 
     def __init__(
@@ -85,6 +86,7 @@ class NpuBackend(TritonRejectionMixin, Backend):
         }
         return {
             **self._rejection_kernel_names(),
+            **self._tree_kernel_names(),
             "apply_token_bitmask": described[self.bitmask_path],
             "random_sample": "exponential trick argmax(p / q), q ~ Exp(1) drawn ahead on the side stream, event-synchronised",
             "top_k_top_p": (
@@ -100,6 +102,12 @@ class NpuBackend(TritonRejectionMixin, Backend):
     def _rejection_launch(self, batch_size: int, bytes_per_token: int) -> dict:
         grid, requests_per_program = ascend_grid_and_block(batch_size, self._vector_cores)
         return {"grid": grid, "requests_per_program": requests_per_program, "block_v": ascend_vocab_tile(bytes_per_token)}
+
+    def _tree_uses_triton(self) -> bool:
+        return self._triton_ascend
+
+    def _tree_launch(self, bytes_per_token: int) -> dict:
+        return {"block": ascend_vocab_tile(bytes_per_token), "max_programs": self._vector_cores}
 
     # ---- kernels ----
 

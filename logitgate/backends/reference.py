@@ -69,6 +69,19 @@ def gather_csr_rows(
     return values[torch.where(valid, first + offs, first)], valid
 
 
+def candidate_tokens(starts: torch.Tensor, widths: torch.Tensor, allow_tok: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens int64 (n, width), valid bool (n, width)): tokens[i, j] = allow_tok[starts[i] + j] for
+    j < widths[i], else the row's first candidate (0 for an empty row), so the ids stay usable as
+    gather indices. allow_tok is read only below each row's width: a table may pad its rows (e.g.
+    with -1) and an empty row's start may point anywhere, its end included."""
+    offs = torch.arange(width, device=allow_tok.device)
+    valid = offs < widths.unsqueeze(1)
+    index = torch.where(valid, starts.unsqueeze(1) + offs, 0)
+    tokens = allow_tok[index].long() if allow_tok.numel() else torch.zeros_like(index)
+    tokens = torch.where(valid, tokens, 0)
+    return torch.where(valid, tokens, tokens[:, :1]), valid
+
+
 def gather_candidate_logits_reference(
     logits: torch.Tensor,
     rows: torch.Tensor,
@@ -80,10 +93,7 @@ def gather_candidate_logits_reference(
     """float32 (n, width): out[i, j] = logits[rows[i], allow_tok[starts[i] + j]] for j < widths[i],
     -inf after (the sparse sampling layout of tree candidates; column j of row i stands for token
     allow_tok[starts[i] + j]). Every widths[i] must be <= width."""
-    offs = torch.arange(width, device=logits.device)
-    valid = offs < widths.unsqueeze(1)
-    index = torch.where(valid, starts.unsqueeze(1) + offs, starts.unsqueeze(1))
-    tokens = allow_tok[index].long()
+    tokens, valid = candidate_tokens(starts, widths, allow_tok, width)
     values = logits[rows.unsqueeze(1), tokens].float()
     return values.masked_fill_(~valid, float("-inf"))
 
@@ -98,16 +108,16 @@ def keep_candidate_logits_reference(
 ) -> None:
     """In place: every logit of row rows[i] becomes -inf except the tokens
     allow_tok[starts[i] : starts[i] + widths[i]] (the dense masking of tree candidates without a
-    bitmask: fill the row, scatter the allowed logits back). Every widths[i] must be <= width;
-    rows must be distinct."""
-    if width == 0 or rows.numel() == 0:
+    bitmask: fill the row, scatter the allowed logits back); a row with widths[i] = 0 becomes all
+    -inf. Every widths[i] must be <= width; rows must be distinct."""
+    if rows.numel() == 0:
         return
-    offs = torch.arange(width, device=logits.device)
-    valid = offs < widths.unsqueeze(1)
-    tokens = allow_tok[torch.where(valid, starts.unsqueeze(1) + offs, starts.unsqueeze(1))].long()
-    kept = logits[rows.unsqueeze(1), tokens]
+    tokens, _ = candidate_tokens(starts, widths, allow_tok, width)
+    kept = logits[rows.unsqueeze(1), tokens].masked_fill_((widths == 0).unsqueeze(1), float("-inf"))
     logits[rows] = float("-inf")
-    logits[rows.unsqueeze(1), tokens] = kept  # padding repeats a row's first token with its own value
+    # Padding repeats a row's first candidate with its own value (an empty row's column 0 with -inf),
+    # so duplicate writes agree and no host-side count of the valid entries is needed.
+    logits[rows.unsqueeze(1), tokens] = kept
 
 
 def fill_tree_bitmask_reference(
@@ -122,9 +132,9 @@ def fill_tree_bitmask_reference(
 ) -> None:
     """bitmask[r] (int32 (B, W), contiguous) := the allowed set of tree state s = states[r]: the
     precomputed row dense_rows[dense_slot[s]] (row 0 is all zero; the rows may cover fewer words than
-    W, the rest is zeroed) plus the bits of allow_tok[allow_start[s] : allow_start[s] + fill_width[s]].
-    A state has either a dense row or a sparse list (fill_width 0), and its tokens are distinct, so
-    adding the bits equals OR-ing them."""
+    W, the rest is zeroed) plus the bits of allow_tok[allow_start[s] : allow_start[s] + fill_width[s]]
+    (nothing past a state's fill width is read). A state has either a dense row or a sparse list
+    (fill_width 0), and its tokens are distinct, so adding the bits equals OR-ing them."""
     rows, words = bitmask.shape
     if dense_rows is None:
         bitmask.zero_()
@@ -135,8 +145,7 @@ def fill_tree_bitmask_reference(
         bitmask[:, dense_rows.shape[1] :] = 0
     if max_width == 0 or rows == 0:
         return
-    tok, valid = gather_csr_rows(states, allow_start, fill_width, allow_tok, max_width)
-    tok = tok.long()
+    tok, valid = candidate_tokens(allow_start[states], fill_width[states], allow_tok, max_width)
     bits = torch.where(valid, torch.ones_like(tok) << (tok & (BITS_PER_WORD - 1)), 0)
     bits = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)  # bit 31 -> negative int32
     index = torch.arange(rows, device=bitmask.device).unsqueeze(1) * words + (tok >> 5)

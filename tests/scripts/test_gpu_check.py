@@ -128,10 +128,19 @@ def test_dry_run_end_to_end_writes_json_and_markdown(gpu_check, tmp_path, monkey
     assert set(rejection["impl"]) == {"one_read_floor", "logitgate", "vllm_torch"} and rejection["shape"] == "B=2 k=2 V=1000"
     [tree] = report["benchmarks"]["tree"]
     assert {"fill_bitmask", "fill_and_apply", "candidates", "advance"} <= set(tree["impl"])
+    # The sparse path's kernels against their torch reference, timed and checked equal.
+    assert {"gather_candidates", "gather_candidates_torch", "keep_only_allowed", "keep_only_allowed_torch",
+            "fill_bitmask_torch"} <= set(tree["impl"])
+    assert tree["correct"] == {"fill_bitmask": True, "gather_candidates": True, "keep_only_allowed": True}
+    assert tree["speedup_gather_vs_torch"] == pytest.approx(
+        tree["impl"]["gather_candidates_torch"]["us"] / tree["impl"]["gather_candidates"]["us"])
+    assert 1 <= tree["layout_width"] <= tree["max_width"]
+    assert {"tree gather candidates (sparse layout)", "tree keep only allowed"} <= set(report["sync_check"]["parts"])
     assert report["benchmarks"]["errors"] == {}
     assert report["tests"]["passed"] == 1 and report["tests"]["passed_all"] is True
     md = (out / "gpu_check.md").read_text()
     assert "| 2x1000 | float32 | logitgate |" in md and "## Rejection sampling" in md and "1 passed, 0 failed" in md
+    assert "| gather_candidates_torch |" in md and "equal to the torch reference: fill_bitmask True" in md
     assert md.rstrip().endswith("s).") and "Overall: PASS" in md
     assert "[gpu-check] step 1/" in capsys.readouterr().err
 

@@ -53,6 +53,7 @@ class CpuBackend(Backend):
             "argmax": "numba (integer-key maximum, vectorised; then the first equal element)",
             "random_sample": "inverse CDF, one float64 uniform per row (numba: block sums, then one block)",
             "tree_candidates": "numba (per row: gather its allowed logits, or fill -inf and put them back)",
+            "fill_tree_bitmask": "torch reference (dense rows selected, sparse bits added with scatter_add)",
             "top_k_top_p": "numba (top-k: k-element heap, or bucket selection for k > 512; top-p: 4096-bucket probability histogram, one bucket sorted)",
         }
 

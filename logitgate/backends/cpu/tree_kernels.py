@@ -66,6 +66,6 @@ def gather_candidate_logits_cpu(logits, rows, starts, widths, allow_tok, width) 
 
 def keep_candidate_logits_cpu(logits, rows, starts, widths, allow_tok, width) -> None:
     """In place on float32 (B, V) logits, as keep_candidate_logits_reference."""
-    if rows.shape[0] == 0 or width == 0:
+    if rows.shape[0] == 0:  # width 0: the rows become all -inf
         return
     _keep_kernel(logits.numpy(), _int64(rows), _int64(starts), _int64(widths), allow_tok.contiguous().numpy(), width)
