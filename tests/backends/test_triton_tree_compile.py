@@ -35,8 +35,9 @@ def _cases():
         yield tree._gather_candidates_kernel, sig, dict(zip(("BLOCK_R", "BLOCK_W"), shape))
     for bits, shape in (("i32", (1, 1024)), ("i16", (64, 16))):
         tile = dict(zip(("BLOCK_R", "BLOCK_W"), shape))
-        for kernel in (tree._save_candidates_kernel, tree._restore_candidates_kernel):
-            yield kernel, {"bits_ptr": f"*{bits}", **TABLE, "saved_ptr": f"*{bits}", **SIZES, **TILE}, tile
+        for restore in (False, True):
+            sig = {"bits_ptr": f"*{bits}", **TABLE, "saved_ptr": f"*{bits}", **SIZES, **TILE, "RESTORE": "constexpr"}
+            yield tree._move_candidates_kernel, sig, {**tile, "RESTORE": restore}
         sig = {"bits_ptr": f"*{bits}", "rows_ptr": "*i64", "num_rows": "i32", "vocab_size": "i32", "row_stride": "i32",
                "col_stride": "i32", "neg_inf_bits": "i32", **TILE}
         yield tree._fill_rows_kernel, sig, tile

@@ -68,31 +68,22 @@ def _gather_candidates_kernel(
 
 
 @triton.jit
-def _save_candidates_kernel(
+def _move_candidates_kernel(
     bits_ptr, rows_ptr, starts_ptr, widths_ptr, allow_tok_ptr, saved_ptr,
     num_rows, width, row_stride, col_stride,
-    BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr, RESTORE: tl.constexpr,
 ):
+    """Copy each row's candidate values (raw bits) into `saved` (n, width), or back (RESTORE)."""
     col_tiles = tl.cdiv(width, BLOCK_W)
     for work in tl.range(tl.program_id(0), tl.cdiv(num_rows, BLOCK_R) * col_tiles, tl.num_programs(0)):
         r, live, cols = _block(work, num_rows, col_tiles, BLOCK_R, BLOCK_W)
         row, valid, tok = _candidates(rows_ptr, starts_ptr, widths_ptr, allow_tok_ptr, r, live, cols)
-        bits = tl.load(bits_ptr + row[:, None] * row_stride + tok * col_stride, mask=valid, other=0)
-        tl.store(saved_ptr + r.to(tl.int64)[:, None] * width + cols[None, :], bits, mask=valid)
-
-
-@triton.jit
-def _restore_candidates_kernel(
-    bits_ptr, rows_ptr, starts_ptr, widths_ptr, allow_tok_ptr, saved_ptr,
-    num_rows, width, row_stride, col_stride,
-    BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
-):
-    col_tiles = tl.cdiv(width, BLOCK_W)
-    for work in tl.range(tl.program_id(0), tl.cdiv(num_rows, BLOCK_R) * col_tiles, tl.num_programs(0)):
-        r, live, cols = _block(work, num_rows, col_tiles, BLOCK_R, BLOCK_W)
-        row, valid, tok = _candidates(rows_ptr, starts_ptr, widths_ptr, allow_tok_ptr, r, live, cols)
-        bits = tl.load(saved_ptr + r.to(tl.int64)[:, None] * width + cols[None, :], mask=valid, other=0)
-        tl.store(bits_ptr + row[:, None] * row_stride + tok * col_stride, bits, mask=valid)
+        in_logits = bits_ptr + row[:, None] * row_stride + tok * col_stride
+        in_saved = saved_ptr + r.to(tl.int64)[:, None] * width + cols[None, :]
+        if RESTORE:
+            tl.store(in_logits, tl.load(in_saved, mask=valid, other=0), mask=valid)
+        else:
+            tl.store(in_saved, tl.load(in_logits, mask=valid, other=0), mask=valid)
 
 
 @triton.jit
@@ -195,11 +186,11 @@ def keep_candidate_logits_triton(
     saved = torch.empty((n, width), dtype=bits.dtype, device=logits.device)
     strides = (bits.stride(0), bits.stride(1))
     if width:
-        _launch(_save_candidates_kernel, block, max_programs, n, width, bits, *table, saved, n, width, *strides)
+        _launch(_move_candidates_kernel, block, max_programs, n, width, bits, *table, saved, n, width, *strides, RESTORE=False)
     vocab = logits.shape[1]
     _launch(_fill_rows_kernel, fill_block, max_programs, n, vocab, bits, rows, n, vocab, *strides, int(NEG_INF_BITS[logits.dtype]))
     if width:
-        _launch(_restore_candidates_kernel, block, max_programs, n, width, bits, *table, saved, n, width, *strides)
+        _launch(_move_candidates_kernel, block, max_programs, n, width, bits, *table, saved, n, width, *strides, RESTORE=True)
 
 
 def fill_tree_bitmask_triton(
