@@ -107,6 +107,23 @@ class Backend(ABC):
         host sync."""
         return reference.gather_candidate_logits_reference(logits, rows, starts, widths, allow_tok, width)
 
+    def candidate_argmax(
+        self,
+        logits: torch.Tensor,
+        rows: torch.Tensor,
+        starts: torch.Tensor,
+        widths: torch.Tensor,
+        allow_tok: torch.Tensor,
+        width: int,
+    ) -> torch.Tensor:
+        """int64 (n,): the greedy token of each row over its allowed tokens (see
+        reference.candidate_argmax_reference). Default: this backend's gather, then its argmax,
+        then the column's token; no host sync."""
+        if width == 0:
+            return torch.zeros(rows.shape[0], dtype=torch.int64, device=logits.device)
+        columns = self.argmax(self.gather_candidate_logits(logits, rows, starts, widths, allow_tok, width))
+        return reference.candidate_column_tokens(columns, starts, widths, allow_tok)
+
     def keep_candidate_logits(
         self,
         logits: torch.Tensor,
