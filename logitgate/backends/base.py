@@ -242,6 +242,16 @@ class Backend(ABC):
         (None: unknown, or some row has no top-k). Default: the sort-based reference."""
         return apply_top_k_top_p_reference(logits, k, p)
 
+    def top_k_top_p_probs(
+        self, logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None, max_top_k: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(filtered logits, probs): apply_top_k_top_p, then the probabilities to draw from: the
+        softmax of the filtered logits, or per row any positive multiple of it (random_sample
+        normalises), float32. Default: the filter, then a softmax; a backend whose filter already
+        holds the softmax returns it with the removed tokens zeroed (one softmax less)."""
+        filtered = self.apply_top_k_top_p(logits, k, p, max_top_k)
+        return filtered, filtered.softmax(dim=-1, dtype=torch.float32)
+
     # ---- streams: where work that must not block the decode step is queued ----
 
     def side_stream(self) -> contextlib.AbstractContextManager:

@@ -4,7 +4,8 @@
 2. float32 logits; the non-argmax-invariant logits processors;
 3. greedy rows: argmax (all-greedy batches stop here and skip the argmax-invariant processors);
 4. temperature (greedy rows divided by 1, never by 0); the argmax-invariant processors (MinP);
-5. top-k then top-p; softmax; one exact random draw per row (`ops.random_sample`);
+5. top-k then top-p; softmax (on CPU the one top-p computed, with the removed tokens zeroed); one
+   exact random draw per row (`ops.random_sample`);
 6. greedy and random rows merged; optional log-probabilities (top-n, plus the sampled token's
    log-probability and rank).
 
@@ -180,9 +181,8 @@ class Sampler:
         # its fallback token on every backend (backends/reference.py), and the filters below must
         # not decide what it becomes.
         undefined, fallback = ops.undefined_row_fallback(logits, backend=self.backend)
-        logits = ops.apply_top_k_top_p(logits, metadata.top_k, metadata.top_p, max_top_k=metadata.max_top_k, backend=self.backend)
+        logits, probs = ops.top_k_top_p_probs(logits, metadata.top_k, metadata.top_p, max_top_k=metadata.max_top_k, backend=self.backend)
         processed = compute_logprobs(logits) if want_processed else None
-        probs = ops.compute_probs(logits)
         sampled = ops.random_sample(probs, metadata.generators, backend=self.backend, noise=metadata.noise)
         if fallback is not None:
             sampled = torch.where(undefined, fallback, sampled)

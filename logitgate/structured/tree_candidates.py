@@ -23,6 +23,7 @@ decode): on CPU a row is cheaper sparse until it allows about half the vocabular
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -190,6 +191,12 @@ def _split(widths: np.ndarray) -> list[np.ndarray]:
     return [np.sort(order[:best_k]), np.sort(order[best_k:])]
 
 
+@functools.lru_cache(maxsize=64)
+def _identity_rows(n: int, device: torch.device) -> torch.Tensor:
+    """int64 0..n-1 (read-only: rows are only ever indexed with), one per batch size and device."""
+    return torch.arange(n, device=device)
+
+
 def plan_tree_step(
     tree: TreeDFA,
     states: torch.Tensor,
@@ -224,7 +231,7 @@ def plan_tree_step(
     device = states.device
     on_host = device.type == "cpu"
     to_device = (lambda a: torch.from_numpy(a)) if on_host else (lambda a: torch.from_numpy(a).to(device, non_blocking=True))  # noqa: E731
-    all_rows = torch.arange(n, device=device) if row_array is None else to_device(row_array)
+    all_rows = _identity_rows(n, device) if row_array is None else to_device(row_array)
     limit = fraction * vocab_size
     host = None
     if exact is False:

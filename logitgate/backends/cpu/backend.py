@@ -133,8 +133,15 @@ class CpuBackend(Backend):
 
     @_capped
     def apply_top_k_top_p(self, logits, k, p, max_top_k) -> torch.Tensor:
+        return self.top_k_top_p_probs(logits, k, p, max_top_k)[0]
+
+    @_capped
+    def top_k_top_p_probs(self, logits, k, p, max_top_k) -> tuple[torch.Tensor, torch.Tensor]:
         if k is not None:
             apply_top_k_cpu(logits, k)
+        probs = logits.softmax(dim=-1)
         if p is not None:
-            apply_top_p_cpu(logits, logits.softmax(dim=-1), p)
-        return logits
+            # The top-p kernel zeroes what it removes in probs too: they are the filtered row's
+            # probabilities up to normalisation, and the sampler needs no second softmax.
+            apply_top_p_cpu(logits, probs, p)
+        return logits, probs
