@@ -167,7 +167,8 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
         want_processed = metadata.max_num_logprobs is not None and self.logprobs_mode == "processed_logprobs"
-        greedy = None if metadata.all_random else backend_for_tensor(logits, self.backend).argmax(logits)
+        backend = backend_for_tensor(logits, self.backend)  # resolved once: every op below runs on it
+        greedy = None if metadata.all_random else backend.argmax(logits)
         if metadata.all_greedy:
             return greedy, compute_logprobs(logits) if want_processed else None
         if metadata.temperature is None or metadata.temperature.shape != (logits.shape[0],):
@@ -180,10 +181,10 @@ class Sampler:
         # A row with a NaN, a +inf or nothing left above -inf has no distribution: it is sampled as
         # its fallback token on every backend (backends/reference.py), and the filters below must
         # not decide what it becomes.
-        undefined, fallback = ops.undefined_row_fallback(logits, backend=self.backend)
-        logits, probs = ops.top_k_top_p_probs(logits, metadata.top_k, metadata.top_p, max_top_k=metadata.max_top_k, backend=self.backend)
+        undefined, fallback = ops.undefined_row_fallback(logits, backend=backend)
+        logits, probs = ops.top_k_top_p_probs(logits, metadata.top_k, metadata.top_p, max_top_k=metadata.max_top_k, backend=backend)
         processed = compute_logprobs(logits) if want_processed else None
-        sampled = ops.random_sample(probs, metadata.generators, backend=self.backend, noise=metadata.noise)
+        sampled = ops.random_sample(probs, metadata.generators, backend=backend, noise=metadata.noise)
         if fallback is not None:
             sampled = torch.where(undefined, fallback, sampled)
         if greedy is not None:
