@@ -107,6 +107,23 @@ class Backend(ABC):
         host sync."""
         return reference.gather_candidate_logits_reference(logits, rows, starts, widths, allow_tok, width)
 
+    def candidate_argmax(
+        self,
+        logits: torch.Tensor,
+        rows: torch.Tensor,
+        starts: torch.Tensor,
+        widths: torch.Tensor,
+        allow_tok: torch.Tensor,
+        width: int,
+    ) -> torch.Tensor:
+        """int64 (n,): the greedy token of each row over its allowed tokens (see
+        reference.candidate_argmax_reference). Default: this backend's gather, then its argmax,
+        then the column's token; no host sync."""
+        if width == 0:
+            return torch.zeros(rows.shape[0], dtype=torch.int64, device=logits.device)
+        columns = self.argmax(self.gather_candidate_logits(logits, rows, starts, widths, allow_tok, width))
+        return reference.candidate_column_tokens(columns, starts, widths, allow_tok)
+
     def keep_candidate_logits(
         self,
         logits: torch.Tensor,
@@ -224,6 +241,16 @@ class Backend(ABC):
         reference.py); returns logits. `max_top_k`, when the caller knows it on the host, is max(k) over rows that filter
         (None: unknown, or some row has no top-k). Default: the sort-based reference."""
         return apply_top_k_top_p_reference(logits, k, p)
+
+    def top_k_top_p_probs(
+        self, logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None, max_top_k: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(filtered logits, probs): apply_top_k_top_p, then the probabilities to draw from: the
+        softmax of the filtered logits, or per row any positive multiple of it (random_sample
+        normalises), float32. Default: the filter, then a softmax; a backend whose filter already
+        holds the softmax returns it with the removed tokens zeroed (one softmax less)."""
+        filtered = self.apply_top_k_top_p(logits, k, p, max_top_k)
+        return filtered, filtered.softmax(dim=-1, dtype=torch.float32)
 
     # ---- streams: where work that must not block the decode step is queued ----
 

@@ -98,6 +98,33 @@ def gather_candidate_logits_reference(
     return values.masked_fill_(~valid, float("-inf"))
 
 
+def candidate_argmax_reference(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    starts: torch.Tensor,
+    widths: torch.Tensor,
+    allow_tok: torch.Tensor,
+    width: int,
+) -> torch.Tensor:
+    """int64 (n,): the greedy token of each row of the sparse layout, i.e. the token of the argmax
+    column of gather_candidate_logits_reference (the first maximum, NaN counting as the maximum,
+    as torch.argmax): allowed tokens are sorted, so ties go to the smallest token id, as in the
+    dense argmax of the masked row. A row with no allowed token gives 0 (the dense argmax of an
+    all -inf row)."""
+    if width == 0:
+        return torch.zeros(rows.shape[0], dtype=torch.int64, device=logits.device)
+    columns = gather_candidate_logits_reference(logits, rows, starts, widths, allow_tok, width).argmax(dim=-1)
+    return candidate_column_tokens(columns, starts, widths, allow_tok)
+
+
+def candidate_column_tokens(columns: torch.Tensor, starts: torch.Tensor, widths: torch.Tensor, allow_tok: torch.Tensor) -> torch.Tensor:
+    """int64 (n,): the token of column columns[i] of row i of the sparse layout (a padding column
+    maps to the row's last allowed token; a row with no allowed token to 0)."""
+    last = max(allow_tok.shape[0] - 1, 0)
+    tokens = allow_tok[(starts + torch.minimum(columns.long(), (widths - 1).clamp(min=0))).clamp(max=last)]
+    return torch.where(widths > 0, tokens.long(), 0)
+
+
 def keep_candidate_logits_reference(
     logits: torch.Tensor,
     rows: torch.Tensor,

@@ -192,10 +192,11 @@ def generate(
     num_speculative_tokens: drafts per step from `draft_model` or, with `ngram=n`, from prompt
     lookup (n-gram drafts carry no probabilities: vLLM's point-mass mode). jump_forward: append a
     tree's forced tokens as drafts (accepted with probability 1, they save target passes).
-    sparse_max_fraction: the tree-decode crossover (structured/tree_candidates.py): a step whose
-    sequences all decode under one TreeDFA samples and verifies over the tree's candidates while
-    its widest row allows at most this fraction of the vocabulary (None: the measured default,
-    or LOGITGATE_TREE_SPARSE_MAX_FRACTION).
+    sparse_max_fraction: the tree-decode crossover (structured/tree_candidates.py): the sequences
+    of a TreeDFA sample and verify over the tree's candidates (rows allowing at most this fraction
+    of the vocabulary; with drafts, while the widest of the tree's rows does), in any batch: other
+    sequences (grammars, no constraint) are masked and sampled over the vocabulary in the same step
+    (None: the measured default, or LOGITGATE_TREE_SPARSE_MAX_FRACTION).
     """
     if draft_model is not None and ngram is not None:
         raise ValueError("give draft_model or ngram, not both")
@@ -312,50 +313,79 @@ def _one_hot(token: int, vocab: int, device: torch.device) -> torch.Tensor:
     return row
 
 
-def _one_tree(active: list[_Seq], device: torch.device) -> TreeDFA | None:
-    """The TreeDFA every active sequence decodes under (on the logits' device), else None."""
-    trees = {id(q.constraint.tree): q.constraint.tree for q in active if isinstance(q.constraint, TreeConstraint)}
-    if len(trees) != 1 or any(not isinstance(q.constraint, TreeConstraint) for q in active):
-        return None
-    tree = next(iter(trees.values()))
-    return tree if tree.device == device else None
+def _tree_groups(active: list[_Seq], device: torch.device) -> list[tuple[TreeDFA, list[int]]]:
+    """(tree, indices into active) for every TreeDFA the active sequences decode under (trees on
+    the logits' device only: the others are masked densely)."""
+    groups: dict[int, tuple[TreeDFA, list[int]]] = {}
+    for i, q in enumerate(active):
+        if isinstance(q.constraint, TreeConstraint) and q.constraint.tree.device == device:
+            groups.setdefault(id(q.constraint.tree), (q.constraint.tree, []))[1].append(i)
+    return list(groups.values())
+
+
+def _metadata(active: list[_Seq], index: list[int], device: torch.device) -> SamplingMetadata:
+    """Sampling metadata of the sequences active[index] (row j is active[index[j]])."""
+    generators = {j: active[i].generator for j, i in enumerate(index) if active[i].generator is not None}
+    return SamplingMetadata.from_params([active[i].params for i in index], device=device, generators=generators)
 
 
 def _step(model, draft_model, active, stats, sampler, k, ngram, jump_forward, pad, device, vocab, sparse_max_fraction=None) -> None:
+    """One target pass over every active sequence, then per sequence its emitted tokens. Sequences
+    are verified independently, so the batch splits: the sequences of each tree whose rows pay
+    sparse (decode/tree_step.py: candidates, the plan's crossover) go through tree_spec_step, the
+    rest (grammars, no constraint, trees past the crossover) through the masked dense rows."""
     stats.steps += 1
     stats.sequence_steps += len(active)
     drafts, num_forced, draft_probs = _propose(draft_model, active, stats, k, ngram, jump_forward, pad, device, vocab)
     with _Timer(stats, "target_model"):
         logits = _run(model, [q.tokens + d for q, d in zip(active, drafts)], pad, device)
     stats.target_forward_passes += 1
-    rows = torch.cat([logits[i, len(q.tokens) - 1 : len(q.tokens) + len(d)] for i, (q, d) in enumerate(zip(active, drafts))])
+    seq_rows = [logits[i, len(q.tokens) - 1 : len(q.tokens) + len(d)] for i, (q, d) in enumerate(zip(active, drafts))]
+    draft_starts = list(itertools.accumulate((len(d) for d in drafts), initial=0))
+
+    def sub_probs(index: list[int]) -> torch.Tensor | None:
+        if draft_probs is None or len(index) == len(active):
+            return draft_probs
+        at = [r for i in index for r in range(draft_starts[i], draft_starts[i + 1])]
+        return draft_probs[torch.tensor(at, dtype=torch.int64, device=draft_probs.device)]
+
+    emitted: list[list[int] | None] = [None] * len(active)
+    dense = [True] * len(active)
+    for tree, index in _tree_groups(active, device):
+        states = [s for i in index for s in active[i].constraint.walk_states(drafts[i])]
+        if any(drafts[i] for i in index) and not use_sparse_verification(tree, states, logits.shape[-1], sparse_max_fraction):
+            continue  # verification shares one layout as wide as the widest row: dense pays here
+        with _Timer(stats, "tree_step"):
+            out = tree_spec_step(
+                sampler, torch.cat([seq_rows[i] for i in index]), tree, states, [drafts[i] for i in index],
+                _metadata(active, index, device), draft_probs=sub_probs(index), sparse_max_fraction=sparse_max_fraction,
+            )
+        for i, tokens in zip(index, out):
+            emitted[i], dense[i] = tokens, False
+    rest = [i for i in range(len(active)) if dense[i]]
+    if rest:
+        for i, tokens in zip(rest, _dense_step([active[i] for i in rest], [drafts[i] for i in rest], [seq_rows[i] for i in rest],
+                                               sub_probs(rest), sampler, _metadata(active, rest, device), stats, device)):
+            emitted[i] = tokens
+    _record(active, drafts, num_forced, emitted, stats)
+
+
+def _dense_step(active, drafts, seq_rows, draft_probs, sampler, metadata, stats, device) -> list[list[int]]:
+    """Mask every draft and bonus row over the vocabulary, sample the bonus tokens, verify the drafts."""
+    rows = torch.cat(seq_rows)
     counts = [len(d) for d in drafts]
     flat_drafts = torch.tensor([t for d in drafts for t in d], dtype=torch.int64, device=device)
-    generators = {i: q.generator for i, q in enumerate(active) if q.generator is not None}
-    tree = _one_tree(active, device)
-    states = [s for q, d in zip(active, drafts) for s in q.constraint.walk_states(d)] if tree is not None else []
-    sparse = tree is not None and (sum(counts) == 0 or use_sparse_verification(tree, states, rows.shape[-1], sparse_max_fraction))
-    if sparse:
-        # Every row under one tree: sample and verify over the tree's candidates (decode/tree_step.py).
-        with _Timer(stats, "tree_step"):
-            metadata = SamplingMetadata.from_params([q.params for q in active], device=device, generators=generators)
-            emitted = tree_spec_step(
-                sampler, rows, tree, states, drafts, metadata, draft_probs=draft_probs, sparse_max_fraction=sparse_max_fraction
-            )
-        _record(active, drafts, num_forced, emitted, stats)
-        return
     with _Timer(stats, "masking"):
         bitmask, constrained = fill_constraint_rows([q.constraint for q in active], drafts, rows.shape[-1], device)
         spec = constrain_spec_logits(rows, bitmask, flat_drafts, counts, rows=constrained)
     with _Timer(stats, "sampling"):
-        metadata = SamplingMetadata.from_params([q.params for q in active], device=device, generators=generators)
         bonus = sampler(spec.bonus_logits.clone(), metadata).sampled_token_ids.squeeze(1)
     with _Timer(stats, "verification"):
         out = rejection_sample(
             flat_drafts, counts, spec.target_logits, bonus, draft_probs=draft_probs,
             temperature=metadata.temperature, top_k=metadata.top_k, top_p=metadata.top_p, generators=metadata.generators,
         )
-    _record(active, drafts, num_forced, parse_output(out, rows.shape[-1]), stats)
+    return parse_output(out, rows.shape[-1])
 
 
 def _record(active, drafts, num_forced, emitted, stats) -> None:

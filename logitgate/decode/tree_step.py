@@ -21,9 +21,8 @@ import torch
 
 from ..sampling.rejection import rejection_sample
 from ..sampling.sampler import Sampler, SamplingMetadata
-from ..sampling.sparse import sample_layouts
 from ..structured.tree import TreeDFA
-from ..structured.tree_candidates import SparseRows, host_widths, plan_tree_step, resolve_sparse_max_fraction, tree_layouts
+from ..structured.tree_candidates import SparseRows, host_widths, plan_tree_step, resolve_sparse_max_fraction, sample_plan
 
 __all__ = ["tree_spec_step", "use_sparse_verification"]
 
@@ -77,7 +76,7 @@ def tree_spec_step(
     if sum(counts) == 0:
         states = torch.tensor(list(host_states), dtype=torch.int64).to(tree.device, non_blocking=True)
         plan = plan_tree_step(tree, states, vocab, host_states=host_states, sparse_max_fraction=sparse_max_fraction)
-        out = sample_layouts(sampler, tree_layouts(plan, logits), metadata, batch)
+        out = sample_plan(sampler, plan, logits, metadata)
         return [[t] for t in out.sampled_token_ids[:, 0].tolist()]
     host = np.asarray(host_states, dtype=np.int64)
     ptr, tok = tree._host.allow_ptr, tree._host.allow_tok

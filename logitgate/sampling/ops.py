@@ -35,6 +35,7 @@ __all__ = [
     "compute_probs",
     "draw_sampling_noise",
     "random_sample",
+    "top_k_top_p_probs",
     "undefined_row_fallback",
 ]
 
@@ -134,6 +135,28 @@ def apply_top_k_top_p(
     work = logits if logits.dtype == torch.float32 and logits.is_contiguous() else logits.to(torch.float32).contiguous()
     filtered = chosen.apply_top_k_top_p(work, k, p, max_top_k)
     return logits if filtered is logits else logits.copy_(filtered)
+
+
+def top_k_top_p_probs(
+    logits: torch.Tensor,
+    k: torch.Tensor | None,
+    p: torch.Tensor | None,
+    *,
+    max_top_k: int | None = None,
+    backend: str | torch.device | Backend | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, probs): `apply_top_k_top_p` in place, then float32 probabilities to draw from with
+    `random_sample` (the softmax of the filtered logits, per row up to a positive factor; backends
+    whose filter computes a softmax anyway reuse it)."""
+    check_logits(logits)
+    _check_rows(k, logits, "k", integer=True)
+    _check_rows(p, logits, "p", integer=False)
+    check_top_p_values(p)
+    if (k is None and p is None) or logits.shape[0] == 0 or logits.dtype != torch.float32 or not logits.is_contiguous():
+        logits = apply_top_k_top_p(logits, k, p, max_top_k=max_top_k, backend=backend)
+        return logits, compute_probs(logits)
+    filtered, probs = backend_for_tensor(logits, backend).top_k_top_p_probs(logits, k, p, max_top_k)
+    return (logits if filtered is logits else logits.copy_(filtered)), probs
 
 
 def apply_sampling_constraints(

@@ -4,7 +4,8 @@
 2. float32 logits; the non-argmax-invariant logits processors;
 3. greedy rows: argmax (all-greedy batches stop here and skip the argmax-invariant processors);
 4. temperature (greedy rows divided by 1, never by 0); the argmax-invariant processors (MinP);
-5. top-k then top-p; softmax; one exact random draw per row (`ops.random_sample`);
+5. top-k then top-p; softmax (on CPU the one top-p computed, with the removed tokens zeroed); one
+   exact random draw per row (`ops.random_sample`);
 6. greedy and random rows merged; optional log-probabilities (top-n, plus the sampled token's
    log-probability and rank).
 
@@ -166,7 +167,8 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
         want_processed = metadata.max_num_logprobs is not None and self.logprobs_mode == "processed_logprobs"
-        greedy = None if metadata.all_random else backend_for_tensor(logits, self.backend).argmax(logits)
+        backend = backend_for_tensor(logits, self.backend)  # resolved once: every op below runs on it
+        greedy = None if metadata.all_random else backend.argmax(logits)
         if metadata.all_greedy:
             return greedy, compute_logprobs(logits) if want_processed else None
         if metadata.temperature is None or metadata.temperature.shape != (logits.shape[0],):
@@ -179,11 +181,10 @@ class Sampler:
         # A row with a NaN, a +inf or nothing left above -inf has no distribution: it is sampled as
         # its fallback token on every backend (backends/reference.py), and the filters below must
         # not decide what it becomes.
-        undefined, fallback = ops.undefined_row_fallback(logits, backend=self.backend)
-        logits = ops.apply_top_k_top_p(logits, metadata.top_k, metadata.top_p, max_top_k=metadata.max_top_k, backend=self.backend)
+        undefined, fallback = ops.undefined_row_fallback(logits, backend=backend)
+        logits, probs = ops.top_k_top_p_probs(logits, metadata.top_k, metadata.top_p, max_top_k=metadata.max_top_k, backend=backend)
         processed = compute_logprobs(logits) if want_processed else None
-        probs = ops.compute_probs(logits)
-        sampled = ops.random_sample(probs, metadata.generators, backend=self.backend, noise=metadata.noise)
+        sampled = ops.random_sample(probs, metadata.generators, backend=backend, noise=metadata.noise)
         if fallback is not None:
             sampled = torch.where(undefined, fallback, sampled)
         if greedy is not None:

@@ -23,6 +23,7 @@ decode): on CPU a row is cheaper sparse until it allows about half the vocabular
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ __all__ = [
     "SparseRows",
     "TreeStepPlan",
     "plan_tree_step",
+    "greedy_plan",
+    "sample_plan",
     "sample_tree_step",
     "tree_layouts",
     "ragged_candidates",
@@ -49,8 +52,9 @@ __all__ = [
 # A row allowing more than this fraction of the vocabulary is masked and sampled densely.
 DEFAULT_SPARSE_MAX_FRACTION = 0.5
 ENV_SPARSE_MAX_FRACTION = "LOGITGATE_TREE_SPARSE_MAX_FRACTION"
-# A second width bucket must save at least this many padded values to pay for its extra launches.
-_GROUP_COST = 8192
+# A second width bucket must save at least this many padded values to pay for its extra launches
+# (a second sampler call: ~0.1 ms on CPU, the time of ~30k values through top-p sampling).
+_GROUP_COST = 32768
 
 
 def resolve_sparse_max_fraction(value: float | None = None) -> float:
@@ -88,6 +92,13 @@ class SparseRows:
     def gather(self, logits: torch.Tensor) -> torch.Tensor:
         """float32 (n, width): each row's allowed logits, -inf padding."""
         return self.tree.backend.gather_candidate_logits(
+            logits, self.rows, self.starts, self.widths, self.tree._allow_tok, self.width
+        )
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """int64 (n,): each row's greedy token over its allowed logits (the dense argmax of the
+        masked row: ties to the smallest token id), with no layout written."""
+        return self.tree.backend.candidate_argmax(
             logits, self.rows, self.starts, self.widths, self.tree._allow_tok, self.width
         )
 
@@ -151,8 +162,8 @@ class TreeStepPlan:
 
 def host_widths(tree: TreeDFA, host_states: np.ndarray) -> np.ndarray:
     """int64 allowed-token counts of host states (no device access)."""
-    ptr = tree._host.allow_ptr
-    return (ptr[host_states + 1] - ptr[host_states]).astype(np.int64)
+    ptr = tree._host.allow_ptr  # (CompiledTree.widths is a diff over every node: not per step)
+    return ptr[host_states + 1] - ptr[host_states]
 
 
 def _as_host_states(tree: TreeDFA, host_states: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -166,15 +177,24 @@ def _as_host_states(tree: TreeDFA, host_states: Sequence[int] | np.ndarray) -> n
 def _split(widths: np.ndarray) -> list[np.ndarray]:
     """Row indices (into `widths`) of at most two width buckets, split where the padded size plus a
     per-group cost is smallest."""
+    n = len(widths)
+    if n * int(widths.max()) - int(widths.sum()) <= _GROUP_COST:
+        # No split can save more padding than the batch holds: one group, no sort.
+        return [np.arange(n)]
     order = np.argsort(widths, kind="stable")
     sorted_w = widths[order]
-    n = len(order)
     k = np.arange(1, n)  # rows [0, k) narrow, [k, n) wide
     costs = k * sorted_w[:-1] + (n - k) * sorted_w[-1] + _GROUP_COST
     best_k = int(k[np.argmin(costs)]) if n > 1 and costs.min() < n * sorted_w[-1] else n
     if best_k == n:
-        return [np.sort(order)]
+        return [np.arange(n)]
     return [np.sort(order[:best_k]), np.sort(order[best_k:])]
+
+
+@functools.lru_cache(maxsize=64)
+def _identity_rows(n: int, device: torch.device) -> torch.Tensor:
+    """int64 0..n-1 (read-only: rows are only ever indexed with), one per batch size and device."""
+    return torch.arange(n, device=device)
 
 
 def plan_tree_step(
@@ -192,23 +212,33 @@ def plan_tree_step(
     device; on a CPU tree they are read from `states`. `rows`: the batch rows the states belong to
     (default 0..n-1). `vocab_size`: the logits' width. `exact=False` forces the device-only plan
     (one group as wide as the tree's widest state: the same shapes every step)."""
+    # Called every decode step: below ~1 ms a step its Python overhead is the cost, so it builds
+    # index tensors from numpy (no Python lists of rows) and skips the split when it cannot pay.
     fraction = resolve_sparse_max_fraction(sparse_max_fraction)
     if tree.max_token_id >= vocab_size:
         raise ValueError(f"the tree uses token id {tree.max_token_id} but the logits have only {vocab_size} columns")
     states = tree._check_batch(states).long()
     n = states.shape[0]
-    row_list = list(range(n)) if rows is None else [int(r) for r in rows]
-    if len(row_list) != n:
-        raise ValueError(f"rows has {len(row_list)} entries for {n} states")
+    if rows is None:
+        row_list = list(range(n))
+        row_array = None  # the identity
+    else:
+        row_list = [int(r) for r in rows]
+        if len(row_list) != n:
+            raise ValueError(f"rows has {len(row_list)} entries for {n} states")
+        row_array = np.asarray(row_list, dtype=np.int64)
     batch = max(row_list) + 1 if row_list else 0
     device = states.device
-    all_rows = torch.tensor(row_list, dtype=torch.int64).to(device, non_blocking=True)
+    on_host = device.type == "cpu"
+    to_device = (lambda a: torch.from_numpy(a)) if on_host else (lambda a: torch.from_numpy(a).to(device, non_blocking=True))  # noqa: E731
+    all_rows = _identity_rows(n, device) if row_array is None else to_device(row_array)
     limit = fraction * vocab_size
+    host = None
     if exact is False:
         host_states = None
-    elif host_states is None and device.type == "cpu":
-        host_states = states.numpy()
-    if host_states is None:
+    elif host_states is None and on_host:
+        host = states.numpy()  # checked by _check_batch
+    if host is None and host_states is None:
         # States stay on the device: the tree's widest state bounds every row.
         if n == 0 or tree.max_width > limit:
             return TreeStepPlan(batch, vocab_size, DenseRows(tree, all_rows, row_list, states) if n else None, ())
@@ -216,38 +246,38 @@ def plan_tree_step(
             tree, all_rows, row_list, states, tree._allow_start[states], tree._width[states].long(), tree.max_width
         )
         return TreeStepPlan(batch, vocab_size, None, (group,))
-    host = _as_host_states(tree, host_states)
-    if len(host) != n:
-        raise ValueError(f"host_states has {len(host)} entries for {n} states")
-    widths = host_widths(tree, host)
-    dense_idx = np.flatnonzero(widths > limit)
-    sparse_idx = np.flatnonzero(widths <= limit)
+    if host is None:
+        host = _as_host_states(tree, host_states)
+        if len(host) != n:
+            raise ValueError(f"host_states has {len(host)} entries for {n} states")
+    if n == 0:
+        return TreeStepPlan(batch, vocab_size, None, ())
+    starts = tree._host.allow_ptr[host]  # int64 copies
+    widths = tree._host.allow_ptr[host + 1] - starts
 
     def pick(index: np.ndarray) -> tuple[torch.Tensor, list[int], torch.Tensor]:
-        picked_rows = [row_list[i] for i in index.tolist()]
-        at = torch.from_numpy(index).to(device, non_blocking=True)
-        return torch.tensor(picked_rows, dtype=torch.int64).to(device, non_blocking=True), picked_rows, states[at]
+        if len(index) == n:
+            return all_rows, row_list, states
+        picked = index if row_array is None else row_array[index]
+        picked_states = to_device(host[index]) if on_host else states[to_device(index)]
+        return to_device(picked), picked.tolist(), picked_states
 
-    dense = None
-    if len(dense_idx):
-        if len(dense_idx) == n:
-            dense = DenseRows(tree, all_rows, row_list, states)
-        else:
-            dense = DenseRows(tree, *pick(dense_idx))
+    if int(widths.max()) <= limit:  # the usual case: no dense row
+        dense, sparse_idx = None, None
+    else:
+        dense_idx = np.flatnonzero(widths > limit)
+        dense = DenseRows(tree, *pick(dense_idx))
+        sparse_idx = np.flatnonzero(widths <= limit)
     groups = []
-    if len(sparse_idx):
-        for part in _split(widths[sparse_idx]):
-            index = sparse_idx[part]
+    if sparse_idx is None or len(sparse_idx):
+        for part in _split(widths if sparse_idx is None else widths[sparse_idx]):
+            index = part if sparse_idx is None else sparse_idx[part]
             if len(index) == n:
-                g_rows, g_list, g_states = all_rows, row_list, states
+                group_starts, group_widths = starts, widths
             else:
-                g_rows, g_list, g_states = pick(index)
-            host_part = host[index]
+                group_starts, group_widths = starts[index], widths[index]
             groups.append(SparseRows(
-                tree, g_rows, g_list, g_states,
-                torch.from_numpy(tree._host.allow_ptr[host_part].astype(np.int64)).to(device, non_blocking=True),
-                torch.from_numpy(widths[index]).to(device, non_blocking=True),
-                int(widths[index].max()),
+                tree, *pick(index), to_device(group_starts), to_device(group_widths), int(group_widths.max()),
             ))
     return TreeStepPlan(batch, vocab_size, dense, tuple(groups))
 
@@ -268,15 +298,19 @@ def ragged_candidates(tree: TreeDFA, states: torch.Tensor, total: int | None = N
     return tree._allow_tok[tree._allow_start[states][row_of] + position].long(), offsets
 
 
+def _check_device(plan: TreeStepPlan, logits: torch.Tensor) -> None:
+    for part in (plan.dense, *plan.sparse):
+        if part is not None and part.tree.device != logits.device:
+            raise ValueError(f"logits are on {logits.device} but the tree is on {part.tree.device}")
+
+
 def tree_layouts(plan: TreeStepPlan, logits: torch.Tensor) -> list:
     """The sampling layouts of a plan over `logits` (B, V): dense rows masked in place (and copied
     out when they are not the whole batch), sparse groups gathered. Returns sampling.sparse.Layout
     objects for `sample_layouts`."""
     from ..sampling.sparse import Layout
 
-    for part in (plan.dense, *plan.sparse):
-        if part is not None and part.tree.device != logits.device:
-            raise ValueError(f"logits are on {logits.device} but the tree is on {part.tree.device}")
+    _check_device(plan, logits)
     everything = list(range(logits.shape[0]))
     layouts = []
     if plan.dense is not None:
@@ -305,10 +339,48 @@ def sample_tree_step(
     with `sampler` (a Sampler) and `metadata` (SamplingMetadata) over the layouts `plan_tree_step`
     picks. Returns the SamplerOutput (token ids, logprobs), distributed as sampling the masked
     full rows. Dense rows of `logits` are masked in place."""
+    plan = plan_tree_step(tree, states, logits.shape[-1], host_states=host_states, sparse_max_fraction=sparse_max_fraction)
+    return sample_plan(sampler, plan, logits, metadata)
+
+
+def sample_plan(sampler, plan: TreeStepPlan, logits: torch.Tensor, metadata):
+    """Sample every row of `logits` (B, V) over the layouts of `plan` (sampling.sparse.sample_layouts).
+    An all-greedy batch without logprobs or logits processors takes the sampler's greedy path
+    directly: each sparse group's argmax over its gathered candidates, the dense rows' argmax over
+    their masked rows (the same tokens, without the layouts' per-call overhead)."""
+    from ..sampling.sampler import SamplerOutput
     from ..sampling.sparse import sample_layouts
 
-    plan = plan_tree_step(tree, states, logits.shape[-1], host_states=host_states, sparse_max_fraction=sparse_max_fraction)
-    return sample_layouts(sampler, tree_layouts(plan, logits), metadata, logits.shape[0])
+    greedy_only = metadata.all_greedy and metadata.max_num_logprobs is None and not len(metadata.logitsprocs)
+    if not greedy_only:
+        return sample_layouts(sampler, tree_layouts(plan, logits), metadata, logits.shape[0])
+    return SamplerOutput(greedy_plan(sampler, plan, logits).to(torch.int32).unsqueeze(1), None)
+
+
+def greedy_plan(sampler, plan: TreeStepPlan, logits: torch.Tensor) -> torch.Tensor:
+    """int64 (B,): the greedy token of every row of `logits` under `plan` (dense rows are masked
+    in place), as `sampler` picks it from the masked full rows."""
+    from ..backends import backend_for_tensor
+    from ..sampling.ops import check_logits
+
+    check_logits(logits)
+    _check_device(plan, logits)
+    batch = logits.shape[0]
+    everything = list(range(batch))
+    parts = ([plan.dense] if plan.dense is not None else []) + list(plan.sparse)
+    if sum(len(part.row_list) for part in parts) != batch:
+        raise ValueError(f"the plan holds {sum(len(p.row_list) for p in parts)} rows for a batch of {batch}")
+    if len(parts) == 1 and parts[0].row_list == everything and plan.dense is None:
+        return parts[0].argmax(logits)
+    tokens = torch.empty(batch, dtype=torch.int64, device=logits.device)
+    if plan.dense is not None:
+        plan.dense.mask(logits)
+        rows = plan.dense.rows.to(logits.device)
+        picked = logits if plan.dense.row_list == everything else logits.index_select(0, rows)
+        tokens.index_copy_(0, rows, backend_for_tensor(logits, sampler.backend).argmax(picked.to(torch.float32)))
+    for group in plan.sparse:
+        tokens.index_copy_(0, group.rows.to(logits.device), group.argmax(logits))
+    return tokens
 
 
 def keep_only_allowed(

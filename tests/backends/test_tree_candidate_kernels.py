@@ -5,7 +5,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from logitgate.backends.reference import gather_candidate_logits_reference, keep_candidate_logits_reference
+from logitgate.backends.reference import (
+    candidate_argmax_reference,
+    gather_candidate_logits_reference,
+    keep_candidate_logits_reference,
+)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -47,6 +51,31 @@ def test_gather_candidate_logits_matches_reference(case, dtype, backend):
         allowed = lists[s]
         assert got[i, : len(allowed)].tolist() == logits[r, allowed].float().tolist()
         assert (got[i, len(allowed) :] == float("-inf")).all()
+
+
+@given(
+    case=candidate_cases(),
+    dtype=st.sampled_from(DTYPES),
+    specials=st.lists(st.sampled_from(["nan", "-inf", "inf", "-0"]), max_size=4),
+)
+def test_candidate_argmax_is_the_dense_argmax_of_the_masked_row(case, dtype, specials, backend):
+    vocab, lists, batch, rows, states, extra, seed = case
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randint(-2, 2, (batch, vocab), generator=g).float()  # small integers: ties everywhere
+    values = {"nan": float("nan"), "-inf": float("-inf"), "inf": float("inf"), "-0": -0.0}
+    for name in specials:
+        logits[int(torch.randint(batch, (1,), generator=g)), int(torch.randint(vocab, (1,), generator=g))] = values[name]
+    logits = logits.to(dtype)
+    starts, widths, allow_tok = _tables(lists, states)
+    width = (int(widths.max()) if len(rows) else 0) + extra
+    rows_t = torch.tensor(rows, dtype=torch.int64)
+    got = backend.candidate_argmax(logits, rows_t, starts, widths, allow_tok, width)
+    want = candidate_argmax_reference(logits, rows_t, starts, widths, allow_tok, width)
+    assert got.dtype == torch.int64 and torch.equal(got, want)
+    for i, (r, s) in enumerate(zip(rows, states)):  # the contract: argmax of the masked full row
+        masked = torch.full((vocab,), float("-inf"))
+        masked[lists[s]] = logits[r, lists[s]].float()
+        assert int(got[i]) == int(masked.argmax())
 
 
 @given(case=candidate_cases(), dtype=st.sampled_from(DTYPES))

@@ -184,3 +184,88 @@ def test_bad_options():
         from logitgate.structured import StructuredOutputsParams
 
         generate(TARGET, [Request([ROOT], SamplingParams(structured_outputs=StructuredOutputsParams(regex="1")))], eos_token_id=EOS)
+
+
+# ---- batches mixing tree sequences with others (issue 11): tree rows sparse, the rest dense ----
+
+OTHER_PATHS = [[2, 3], [2, 5, 6], [9]]
+OTHER_TREE = TreeDFA.from_sequences(OTHER_PATHS, end_token_id=EOS, vocab_size=V)
+
+
+def _manager(xgrammar):
+    from logitgate.structured import StructuredOutputManager
+
+    vocab = [bytes([b]) for b in b"0123456789"] + [b"<eos>", b"<root>"]
+    info = xgrammar.TokenizerInfo([v.decode("latin-1") for v in vocab], vocab_size=V, stop_token_ids=[EOS])
+    return StructuredOutputManager(info, vocab_size=V, num_speculative_tokens=3)
+
+
+def _spy_tree_steps(monkeypatch) -> list:
+    """Record (tree, sequences) of every tree_spec_step the loop makes."""
+    import importlib
+
+    generate_module = importlib.import_module("logitgate.decode.generate")  # the package exports the function
+    calls, real = [], generate_module.tree_spec_step
+
+    def spy(sampler, logits, tree, host_states, drafts, *args, **kwargs):
+        calls.append((tree, len(drafts)))
+        return real(sampler, logits, tree, host_states, drafts, *args, **kwargs)
+
+    monkeypatch.setattr(generate_module, "tree_spec_step", spy)
+    return calls
+
+
+@pytest.mark.parametrize("spec", [{}, {"draft_model": DRAFT, "num_speculative_tokens": 3}, {"ngram": 1, "num_speculative_tokens": 2}])
+def test_mixed_batches_decode_tree_rows_sparse_and_match_each_request_alone(spec, monkeypatch):
+    """Two trees, a grammar and unconstrained sequences in one batch: the tree sequences go through
+    the sparse tree step (grammar and free rows stay dense), and every sequence emits, token for
+    token, what it emits decoded alone over the masked vocabulary (ties to the smallest id)."""
+    xgrammar = pytest.importorskip("xgrammar")
+    from logitgate.structured import StructuredOutputsParams
+
+    tied = Bigram(5)
+    tied.table = tied.table.round()  # integer logits: ties between allowed tokens
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    grammar = SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=StructuredOutputsParams(regex="1[2-4]5?"))
+    requests = [
+        Request([ROOT], greedy, tree=TREE), Request([ROOT, 3], greedy), Request([ROOT], grammar),
+        Request([ROOT, 1], greedy, tree=OTHER_TREE), Request([ROOT, 1], greedy, tree=TREE), Request([ROOT], greedy, tree=OTHER_TREE),
+    ]
+    manager = _manager(xgrammar)
+    try:
+        calls = _spy_tree_steps(monkeypatch)
+        mixed = generate(tied, requests, eos_token_id=EOS, manager=manager, **spec)
+        assert {id(tree) for tree, _ in calls} == {id(TREE), id(OTHER_TREE)}
+        assert all(n <= 2 for _, n in calls)  # only a tree's own sequences, never the grammar or free rows
+        assert "masking" in mixed.stats.seconds and "tree_step" in mixed.stats.seconds
+        alone = [generate(tied, [r], eos_token_id=EOS, manager=manager, sparse_max_fraction=0.0, **spec).outputs[0] for r in requests]
+    finally:
+        manager.close()
+    assert [o.token_ids for o in mixed.outputs] == [o.token_ids for o in alone]
+    assert [o.finish_reason for o in mixed.outputs] == [o.finish_reason for o in alone]
+    for out, request in zip(mixed.outputs, requests):
+        if request.tree is not None:
+            assert out.token_ids[-1] == EOS and out.token_ids[:-1] in (PATHS if request.tree is TREE else OTHER_PATHS)
+
+
+@pytest.mark.parametrize("spec", [{}, {"draft_model": DRAFT, "num_speculative_tokens": 3}], ids=["plain", "draft"])
+def test_sampled_tree_rows_in_a_mixed_batch_follow_the_exact_distribution(spec, monkeypatch):
+    """Tree sequences sampled (T=1) next to unconstrained and other-tree sequences: their paths
+    follow the tree-constrained model exactly (chi-square, alpha 1e-6), through the sparse step."""
+    calls = _spy_tree_steps(monkeypatch)
+    n = 3000
+    requests = [Request([ROOT], SamplingParams(temperature=1.0, max_tokens=8, seed=100 + i), tree=TREE) for i in range(n)]
+    requests += [Request([ROOT, i % V], SamplingParams(temperature=1.0, max_tokens=3, seed=i)) for i in range(300)]
+    requests += [Request([ROOT], SamplingParams(temperature=0.7, max_tokens=8), tree=OTHER_TREE) for _ in range(300)]
+    result = generate(TARGET, requests, eos_token_id=EOS, **spec)
+    assert any(id(tree) == id(TREE) for tree, _ in calls)
+    expected = exact_distribution(TARGET)
+    counts = dict.fromkeys(expected, 0)
+    for out in result.outputs[:n]:
+        seq = tuple(out.token_ids)
+        assert seq in counts, f"{seq} is not a tree path"
+        counts[seq] += 1
+    keys = sorted(expected)
+    assert chisquare_pvalue([counts[k] for k in keys], [expected[k] * n for k in keys]) > 1e-6
+    for out in result.outputs[n + 300 :]:
+        assert out.token_ids[-1] == EOS and out.token_ids[:-1] in OTHER_PATHS

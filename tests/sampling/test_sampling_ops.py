@@ -71,6 +71,23 @@ def test_top_k_top_p_matches_reference(backend, case):
     assert torch.equal(got.cpu(), expected)
 
 
+@given(case=filter_cases())
+def test_filtered_probs_are_the_softmax_of_the_filtered_logits(backend, case):
+    """ops.top_k_top_p_probs: the same filter in place, and probabilities proportional to the
+    softmax of what it kept (the CPU backend reuses top-p's softmax with the removed tokens zeroed)."""
+    if interpreted_triton(backend):
+        pytest.skip("the interpreted Triton kernels have their own, smaller test")
+    logits, k, p = make_filter_case(*case)
+    expected = apply_top_k_top_p_reference(logits.clone(), k, p)
+    dev = lambda t: None if t is None else t.to(backend.device)  # noqa: E731
+    got, probs = ops.top_k_top_p_probs(logits.clone().to(backend.device), dev(k), dev(p), backend=backend)
+    assert torch.equal(got.cpu(), expected)
+    assert probs.dtype == torch.float32 and probs.shape == logits.shape
+    probs = probs.cpu().double()
+    assert (probs[expected == float("-inf")] == 0).all()  # removed tokens have no mass
+    torch.testing.assert_close(probs / probs.sum(-1, keepdim=True), expected.double().softmax(-1), rtol=1e-5, atol=1e-7)
+
+
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
 
 

@@ -52,7 +52,8 @@ class CpuBackend(Backend):
             "rejection_recover": "numba inverse CDF (rejected row only, one uniform per request)",
             "argmax": "numba (integer-key maximum, vectorised; then the first equal element)",
             "random_sample": "inverse CDF, one float64 uniform per row (numba: block sums, then one block)",
-            "tree_candidates": "numba (per row: gather its allowed logits, or fill -inf and put them back)",
+            "tree_candidates": "numba (per row: gather its allowed logits, or fill -inf and put them back; greedy: "
+            "argmax over a gathered scratch row)",
             "fill_tree_bitmask": "torch reference (dense rows selected, sparse bits added with scatter_add)",
             "top_k_top_p": "numba (top-k: k-element heap, or bucket selection for k > 512; top-p: 4096-bucket probability histogram, one bucket sorted)",
         }
@@ -68,6 +69,14 @@ class CpuBackend(Backend):
         from .tree_kernels import gather_candidate_logits_cpu
 
         return gather_candidate_logits_cpu(logits, rows, starts, widths, allow_tok, width)
+
+    @_capped
+    def candidate_argmax(self, logits, rows, starts, widths, allow_tok, width) -> torch.Tensor:
+        if logits.dtype != torch.float32 or logits.stride(-1) != 1:
+            return super().candidate_argmax(logits, rows, starts, widths, allow_tok, width)
+        from .tree_kernels import candidate_argmax_cpu
+
+        return candidate_argmax_cpu(logits, rows, starts, widths, allow_tok, width)
 
     @_capped
     def keep_candidate_logits(self, logits, rows, starts, widths, allow_tok, width) -> None:
@@ -125,8 +134,15 @@ class CpuBackend(Backend):
 
     @_capped
     def apply_top_k_top_p(self, logits, k, p, max_top_k) -> torch.Tensor:
+        return self.top_k_top_p_probs(logits, k, p, max_top_k)[0]
+
+    @_capped
+    def top_k_top_p_probs(self, logits, k, p, max_top_k) -> tuple[torch.Tensor, torch.Tensor]:
         if k is not None:
             apply_top_k_cpu(logits, k)
+        probs = logits.softmax(dim=-1)
         if p is not None:
-            apply_top_p_cpu(logits, logits.softmax(dim=-1), p)
-        return logits
+            # The top-p kernel zeroes what it removes in probs too: they are the filtered row's
+            # probabilities up to normalisation, and the sampler needs no second softmax.
+            apply_top_p_cpu(logits, probs, p)
+        return logits, probs

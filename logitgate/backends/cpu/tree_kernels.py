@@ -1,13 +1,16 @@
 """numba kernels for tree candidates on the CPU backend: the sparse sampling layout (gather each
 row's allowed logits) and candidate-only masking (fill a row with -inf, put its allowed logits
-back). Semantics: backends/reference.py (gather_candidate_logits_reference,
-keep_candidate_logits_reference). Work per row is its number of candidates (plus the padding of
+back), and the greedy token over a row's candidates (gather into a scratch row, then the
+sampler's own argmax row kernel). Semantics: backends/reference.py (gather_candidate_logits_reference,
+keep_candidate_logits_reference, candidate_argmax_reference). Work per row is its number of candidates (plus the padding of
 the layout, or the -inf fill of the row), never a bitmask over the vocabulary."""
 from __future__ import annotations
 
 import numba
 import numpy as np
 import torch
+
+from .sampling_kernels import _row_argmax
 
 # Below this many gathered values a serial loop beats the parallel launch.
 _SERIAL_MAX_VALUES = 1 << 15
@@ -31,6 +34,29 @@ def _gather_serial(logits, rows, starts, widths, allow_tok, out):  # pragma: no 
 def _gather_parallel(logits, rows, starts, widths, allow_tok, out):  # pragma: no cover - jitted
     for i in numba.prange(rows.shape[0]):
         _gather_row(logits, rows[i], starts[i], widths[i], allow_tok, out[i])
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _argmax_row(logits, row, start, width, allow_tok, scratch, bits):  # pragma: no cover - jitted
+    # scratch and bits are the same memory (float32 and int32 views): _row_argmax reads both.
+    if width == 0:
+        return 0  # the dense argmax of an all -inf row
+    for j in range(width):
+        scratch[j] = logits[row, allow_tok[start + j]]
+    return allow_tok[start + _row_argmax(scratch[:width], bits[:width])]
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _argmax_serial(logits, rows, starts, widths, allow_tok, scratch, bits, out):  # pragma: no cover - jitted
+    for i in range(rows.shape[0]):
+        out[i] = _argmax_row(logits, rows[i], starts[i], widths[i], allow_tok, scratch, bits)
+
+
+@numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
+def _argmax_parallel(logits, rows, starts, widths, allow_tok, max_width, out):  # pragma: no cover - jitted
+    for i in numba.prange(rows.shape[0]):
+        scratch = np.empty(max_width, np.float32)
+        out[i] = _argmax_row(logits, rows[i], starts[i], widths[i], allow_tok, scratch, scratch.view(np.int32))
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -69,3 +95,18 @@ def keep_candidate_logits_cpu(logits, rows, starts, widths, allow_tok, width) ->
     if rows.shape[0] == 0:  # width 0: the rows become all -inf
         return
     _keep_kernel(logits.numpy(), _int64(rows), _int64(starts), _int64(widths), allow_tok.contiguous().numpy(), width)
+
+
+def candidate_argmax_cpu(logits, rows, starts, widths, allow_tok, width) -> torch.Tensor:
+    """int64 (n,), as candidate_argmax_reference; logits float32. No (n, width) layout is written:
+    each row is gathered into a scratch row and reduced there."""
+    out = torch.empty(rows.shape[0], dtype=torch.int64)
+    if rows.shape[0] == 0:
+        return out
+    args = (logits.numpy(), _int64(rows), _int64(starts), _int64(widths), allow_tok.contiguous().numpy())
+    if rows.shape[0] * width <= _SERIAL_MAX_VALUES:
+        scratch = np.empty(max(width, 1), np.float32)
+        _argmax_serial(*args, scratch, scratch.view(np.int32), out.numpy())
+    else:
+        _argmax_parallel(*args, max(width, 1), out.numpy())
+    return out
