@@ -2,8 +2,8 @@
 
 A random head proposes garbage, which is the point: tree decode must hold whatever the drafter
 proposes (drafts the tree rejects never emitted, greedy outputs equal those without drafts). The
-heads share the target's embedding (and, for EAGLE, its lm_head): vLLM's proposer reuses the
-target's when a checkpoint has none. Weight names and shapes are those vLLM's
+heads share the target's embedding and lm_head (vLLM's proposer reuses the target's when a
+checkpoint has none), so some drafts land on the tree and reach verification; most do not. Weight names and shapes are those vLLM's
 `llama_eagle.EagleLlamaForCausalLM` and `llama_eagle3.Eagle3LlamaForCausalLM` load; a missing or
 misnamed weight fails vLLM's loader at start-up ("weights were not initialized from checkpoint").
 """
@@ -33,7 +33,7 @@ def _weights(method: str, config: dict, seed: int) -> dict:
     import torch
 
     gen = torch.Generator().manual_seed(seed)
-    hidden, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim", hidden // heads)
     # EAGLE-3's one layer attends over [embedding, hidden state] (2 * hidden wide).
@@ -54,11 +54,10 @@ def _weights(method: str, config: dict, seed: int) -> dict:
     }
     if method == "eagle":  # layer 0 has no input norm; fc fuses [embedding, target hidden state]
         weights = {"fc.weight": rand(hidden, 2 * hidden)}
-    else:  # fc fuses three target layers' hidden states; the head has its own norms and lm_head
+    else:  # fc fuses three target layers' hidden states; the head has its own norms
         layer["input_layernorm.weight"] = torch.ones(hidden)
         layer["hidden_norm.weight"] = torch.ones(hidden)
-        weights = {"fc.weight": rand(hidden, 3 * hidden), "norm.weight": torch.ones(hidden),
-                   "lm_head.weight": rand(vocab, hidden)}
+        weights = {"fc.weight": rand(hidden, 3 * hidden), "norm.weight": torch.ones(hidden)}
     weights.update({f"layers.0.{name}": tensor for name, tensor in layer.items()})
     return {name: tensor.contiguous() for name, tensor in weights.items()}
 

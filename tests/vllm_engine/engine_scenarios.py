@@ -16,6 +16,10 @@ import time
 PROMPT_HINTS = ["Europe", "Krakow", "Seattle", "Asia", "Berlin", "Tokyo", "America", "Pacific"]
 MAX_TOKENS = 40
 TRIE_NAMES = ["Europe/Berlin", "Europe/Paris", "Asia/Tokyo", "America/New_York"]
+# Many samples of one prompt under a drafter, for the chi-square test against the exact
+# tree-masked target distribution (test_vllm_engine.exact_tree_distribution).
+DISTRIBUTION_HINT = "Europe"
+DISTRIBUTION_SAMPLES = 300
 
 
 def trie_payload(tokenizer) -> dict:
@@ -169,6 +173,10 @@ def run(scenario: str) -> dict:
         after = spec_counters(llm)
         result["counters_greedy"] = {key: after.get(key, 0) - before.get(key, 0) for key in after}
         result["tree_sampled"], _ = generate(sampled({"tree_decode": tree}))
+        if drafter == "draft_model":  # the drafter whose drafts are mostly accepted at temperature 1
+            result["distribution_samples"], result["distribution_s"] = generate(SamplingParams(
+                max_tokens=MAX_TOKENS, temperature=1.0, n=DISTRIBUTION_SAMPLES, seed=11,
+                extra_args={"tree_decode": tree}), [{"prompt_token_ids": demo_prompt(DISTRIBUTION_HINT)}])
         result["counters"] = spec_counters(llm)
         result["tree_drafts"] = dict(drafts)
     elif scenario == "excluded":  # VLLM_PLUGINS excludes logitgate
