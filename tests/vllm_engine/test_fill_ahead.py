@@ -52,7 +52,7 @@ def test_a_batch_is_filled_on_a_worker_thread_and_handed_to_its_own_call():
     output = scheduler.schedule()
     assert scheduler.get_grammar_bitmask(output) == ("mask", id(output))
     assert scheduler.fill_threads == ["logitgate-fill-ahead_0"]
-    assert cls.get_grammar_bitmask.routed_calls == 1
+    assert cls.schedule.routed_calls == cls.get_grammar_bitmask.routed_calls == 1
     # A second call for the same batch is vLLM's own (nothing is handed out twice).
     assert scheduler.get_grammar_bitmask(output) == ("mask", id(output))
     assert scheduler.fill_threads[-1] == threading.current_thread().name

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 __all__ = ["get_grammar_bitmask_replacement", "schedule_replacement"]
@@ -41,6 +41,8 @@ PARALLEL_FILL_BATCH = 8  # requests per task of the manager's parallel fill
 
 
 def _cores() -> int:
+    # backends/cpu/threads.usable_cores, which cannot be imported here: its package loads numba,
+    # and this module is installed at vLLM start-up.
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -84,10 +86,7 @@ def _finish_pending(scheduler: Any) -> tuple[Any, Future] | None:
     the scheduler's own work on the grammars)."""
     pending = scheduler.__dict__.pop(_PENDING, None)
     if pending is not None:
-        try:
-            pending[1].exception()  # waits; an error is raised by whoever collects the result
-        except BaseException:  # cancelled
-            pass
+        wait([pending[1]])  # an error in it is raised by whoever collects the result
     return pending
 
 
@@ -110,12 +109,13 @@ def schedule_replacement(original: Callable, name: str) -> Callable:
                 setattr(self, _POOL, pool)
             compute = _original(cls.get_grammar_bitmask)
             setattr(self, _PENDING, (output, pool.submit(compute, self, output)))
+            schedule.routed_calls += 1
         return output
 
     setattr(schedule, _MARK, True)
     schedule.__logitgate_original__ = original
     schedule.__logitgate_name__ = name
-    schedule.routed_calls = 0  # the count of batches filled ahead is get_grammar_bitmask's
+    schedule.routed_calls = 0  # batches whose fill started ahead
     return schedule
 
 
@@ -132,5 +132,5 @@ def get_grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
     setattr(get_grammar_bitmask, _MARK, True)
     get_grammar_bitmask.__logitgate_original__ = original
     get_grammar_bitmask.__logitgate_name__ = name
-    get_grammar_bitmask.routed_calls = 0  # batches whose bitmask was filled ahead
+    get_grammar_bitmask.routed_calls = 0  # batches handed the bitmask filled ahead
     return get_grammar_bitmask
