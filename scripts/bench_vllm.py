@@ -6,7 +6,7 @@ A tiny random Llama (2 layers, hidden 128, head dim 64) with the real Llama-3 to
 code once and cached (`~/.cache/logitgate/bench_vllm/`), so the logits-to-token layer dominates
 the step, as it does for any model when the batch is large. Each engine runs in a process of its
 own (`--child`), alternately with the logitgate plugin (`VLLM_PLUGINS` unset, so vLLM loads the
-`logitgate` general plugin, `LOGITGATE_VLLM_OPS=bitmask,sampler,rejection,fill`) and without it
+`logitgate` general plugin, `LOGITGATE_VLLM_OPS=bitmask,sampler,rejection,fill,sample_first`) and without it
 (`VLLM_PLUGINS=` loads no plugin: vLLM exactly as shipped). Each child serves the same 64
 concurrent JSON-schema requests: a warm-up round, then `--repeats` rounds each of greedy and
 temperature 1.0. The parent reports medians over all timed rounds of each configuration and
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 NUM_REQUESTS = 64
 MAX_TOKENS = 96  # a JSON object of this schema took ~37 tokens here
-OPS_WITH_LOGITGATE = "bitmask,sampler,rejection,fill"
+OPS_WITH_LOGITGATE = "bitmask,sampler,rejection,fill,sample_first"
 SCHEMA = {
     "type": "object",
     "properties": {

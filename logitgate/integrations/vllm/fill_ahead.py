@@ -24,10 +24,11 @@ Nothing changes what is computed: the same vLLM code fills the same rows, earlie
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
+
+from . import fill_threads
 
 __all__ = ["get_grammar_bitmask_replacement", "schedule_replacement"]
 
@@ -38,15 +39,6 @@ _POOL = "_logitgate_fill_pool"
 _ENABLED = "_logitgate_fill_enabled"
 _MARK = "__logitgate_fill_ahead__"  # set on both replacements
 PARALLEL_FILL_BATCH = 8  # requests per task of the manager's parallel fill
-
-
-def _cores() -> int:
-    # backends/cpu/threads.usable_cores, which cannot be imported here: its package loads numba,
-    # and this module is installed at vLLM start-up.
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def _original(function: Any) -> Any:
@@ -66,16 +58,16 @@ def _fills_ahead(scheduler: Any) -> bool:
         setattr(scheduler, _ENABLED, enabled)
         if enabled:
             _enable_parallel_fill(scheduler.structured_output_manager)
-            logger.info("logitgate: grammar bitmasks fill while the model runs, on %d threads", _cores())
+            logger.info("logitgate: grammar bitmasks fill while the model runs, on %d threads", fill_threads.cores())
     return enabled
 
 
 def _enable_parallel_fill(manager: Any) -> None:
-    cores = _cores()
-    if cores < 2 or not hasattr(manager, "fill_bitmask_parallel_threshold"):
+    if fill_threads.cores() < 2 or not hasattr(manager, "fill_bitmask_parallel_threshold"):
         return
     if getattr(manager, "executor_for_fillmask", None) is None:
-        manager.executor_for_fillmask = ThreadPoolExecutor(cores, thread_name_prefix="logitgate-fill")
+        # A pool of its own: vLLM shuts it down with the manager.
+        manager.executor_for_fillmask = ThreadPoolExecutor(fill_threads.cores(), thread_name_prefix="logitgate-fill")
     manager.fill_bitmask_parallel_batch_size = PARALLEL_FILL_BATCH
     # vLLM shuts the pool down when the threshold is below max_num_seqs, which it now is.
     manager.fill_bitmask_parallel_threshold = 1

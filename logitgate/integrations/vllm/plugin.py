@@ -6,7 +6,7 @@ and must not import numba: vLLM-CPU's worker start-up scans every loaded module 
 llvmlite, so logitgate's kernels load on first use.
 
 `LOGITGATE_VLLM_OPS` chooses what the plugin takes over: a comma list of `bitmask`, `sampler`,
-`rejection`, `fill`, `tree`; `none`; unset or `all` for everything. `tree` serves tree-decode requests
+`rejection`, `fill`, `sample_first`, `tree`; `none`; unset or `all` for everything. `tree` serves tree-decode requests
 through vLLM's structured outputs (tree_route.py); the others route vLLM's operations to
 logitgate's backend (ops.py).
 """
@@ -23,7 +23,7 @@ __all__ = ["ALL_OPS", "OPS_ENV", "register", "selected_ops"]
 logger = logging.getLogger("vllm.logitgate")
 
 OPS_ENV = "LOGITGATE_VLLM_OPS"
-ALL_OPS = frozenset({"bitmask", "sampler", "rejection", "fill", "tree"})
+ALL_OPS = frozenset({"bitmask", "sampler", "rejection", "fill", "sample_first", "tree"})
 
 _registered = False
 

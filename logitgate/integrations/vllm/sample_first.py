@@ -1,0 +1,351 @@
+"""Sample first, mask only what the grammar rejects: the `sample_first` operation.
+
+On vLLM-CPU, filling a grammar bitmask is most of a structured-output step: inside a JSON string
+bounded by `maxLength`, xgrammar's matcher checks tens of thousands of tokens against the grammar
+for every fill (5-40 ms at a 128k vocabulary), while the sampled token is usually allowed. For a
+row that is greedy, or samples at a temperature with no top-k / top-p / min-p, the token drawn
+from the unmasked logits is a correct answer whenever the grammar accepts it:
+
+- greedy: if the unmasked argmax t is allowed, it is the masked argmax (no allowed token has a
+  larger logit, and no token before t has the same one), so ties break as vLLM breaks them;
+- temperature only: a draw t ~ p kept when allowed, and otherwise replaced by a fresh draw from
+  the masked row, is distributed as p restricted to the allowed tokens A, renormalised:
+  P(t) = p(t) + (1 - p(A)) p(t) / p(A) = p(t) / p(A).
+
+Every logits operation vLLM applies before it samples (penalties, logit bias, bad words, allowed
+token ids, min tokens, custom logits processors) is in the logits `Sampler.sample` receives, and
+the temperature acts on each logit alone; top-k, top-p, min-p and logprobs depend on the mask,
+so rows using them, and seeded rows (whose generator must draw exactly as without this
+operation), are filled as before.
+
+How it runs:
+1. The scheduler's manager (`grammar_bitmask`) leaves such rows all-ones and names them, with
+   their grammars, on the bitmask object the engine hands to the worker.
+2. The worker (`_sample`) samples the batch; `Sampler.sample` keeps a copy of those rows' logits
+   as processed. Each grammar checks its row's token (`validate_tokens` does not advance it).
+3. A rejected row takes the first of its best tokens (greedy: by logit; sampled: by logit / T plus
+   fresh Gumbel noise, whose argmax over any set is an exact draw from it) that its grammar
+   accepts; where none of CANDIDATES is, or where xgrammar says the next characters are forced
+   (its fill is cheap there), the row's mask is filled and the masked argmax taken.
+
+A deferred row must never reach a sampler that does not check it: the manager defers only while
+a model runner in its own process (vLLM's in-process executor: one worker) has sampled through
+both worker-side replacements, on the CPU, without speculative decoding. A worker that cannot
+vouch for a batch (speculative decoding, argmax-invariant logits processors other than vLLM's
+min-p) fills every deferred row before sampling, as vLLM would.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import fill_threads
+
+__all__ = [
+    "DeferredRows", "greedy_again", "gumbel_keys", "grammar_bitmask_replacement", "row_can_sample_first", "sample_replacement",
+    "sample_tokens_replacement", "sampler_sample_replacement",
+]
+
+logger = logging.getLogger("vllm.logitgate.sample_first")
+
+SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
+_runners: "weakref.WeakSet[Any]" = weakref.WeakSet()  # model runners that sampled in this process
+_DEFERRED_KEY = "_logitgate_deferred_rows"
+_BUILTIN_PROCESSORS = "vllm.v1.sample.logits_processor.builtin"
+CANDIDATES = 32  # best tokens a rejected row checks against its grammar before its mask is filled
+
+
+class DeferredRows(np.ndarray):
+    """The manager's bitmask with `deferred`: request id -> (grammar, temperature) of the rows
+    left all-ones."""
+
+    deferred: dict[str, tuple[Any, float]]
+
+    @classmethod
+    def wrap(cls, bitmask: np.ndarray, deferred: dict[str, tuple[Any, float]]) -> "DeferredRows":
+        out = bitmask.view(cls)
+        out.deferred = deferred
+        return out
+
+    def __array_finalize__(self, obj: Any) -> None:
+        # Slices and copies are plain bitmask rows: only the object the manager returned defers.
+        self.deferred = {}
+
+
+def _mark(replacement: Callable, original: Callable, name: str) -> Callable:
+    replacement.__logitgate_original__ = original
+    replacement.__logitgate_name__ = name
+    replacement.routed_calls = 0
+    return replacement
+
+
+# ---- scheduler side: which rows to leave unfilled ----
+
+
+def _replaced(function: Any) -> bool:
+    return getattr(function, "__logitgate_name__", None) is not None
+
+
+def _runner_handles_deferred(runner: Any) -> bool:
+    """A runner in this process whose class still carries both worker-side replacements and whose
+    sampler keeps the processed logits: it will see, check and redraw deferred rows."""
+    cls = type(runner)
+    return _replaced(cls.sample_tokens) and _replaced(cls._sample) and _replaced(getattr(type(getattr(runner, "sampler", None)), "sample", None))
+
+
+def _engine_defers(manager: Any) -> bool:
+    """Rows may be deferred where a runner that handles them samples in this very process (vLLM's
+    in-process executor: one worker), on the CPU, without speculative decoding."""
+    config = manager.vllm_config
+    return (
+        any(_runner_handles_deferred(runner) for runner in list(_runners))
+        and getattr(config.device_config, "device_type", None) == "cpu"
+        and config.parallel_config.world_size == 1
+        and not config.num_speculative_tokens
+    )
+
+
+def row_can_sample_first(params: Any) -> bool:
+    """Sampling parameters under which sampling first and checking is exact (module docstring)."""
+    if params is None or params.logprobs is not None or getattr(params, "logprob_token_ids", None):
+        return False
+    if params.temperature < SAMPLING_EPS:
+        return True
+    top_k = params.top_k or 0
+    return params.seed is None and top_k <= 0 and params.top_p >= 1.0 and params.min_p <= 0.0
+
+
+def _deferrable(manager: Any, request: Any) -> bool:
+    structured = request.structured_output_request
+    grammar = getattr(structured, "grammar", None)
+    if grammar is None or grammar.is_terminated() or not row_can_sample_first(request.sampling_params):
+        return False
+    bounds = getattr(manager, "_get_constraint_bounds", None)
+    # Before the constraint starts (reasoning) the row is all-ones anyway: vLLM's fill handles it.
+    return bounds is None or bounds(request, ()).constraint_start == 0
+
+
+def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
+    """StructuredOutputManager.grammar_bitmask: vLLM's fill for the rows that need it, all-ones
+    rows (and the grammar, for the worker) for the rows that can sample first."""
+
+    def grammar_bitmask(self, requests, structured_output_request_ids, scheduled_spec_decode_tokens):
+        if not structured_output_request_ids or not _engine_defers(self):
+            return original(self, requests, structured_output_request_ids, scheduled_spec_decode_tokens)
+        deferred = {
+            req_id: (requests[req_id].structured_output_request.grammar, requests[req_id].sampling_params.temperature)
+            for req_id in structured_output_request_ids
+            if _deferrable(self, requests[req_id])
+        }
+        if not deferred:
+            return original(self, requests, structured_output_request_ids, scheduled_spec_decode_tokens)
+        filled_ids = [req_id for req_id in structured_output_request_ids if req_id not in deferred]
+        filled = original(self, requests, filled_ids, scheduled_spec_decode_tokens) if filled_ids else None
+        width = filled.shape[1] if filled is not None else self.backend.allocate_token_bitmask(1).shape[1]
+        bitmask = np.full((len(structured_output_request_ids), width), -1, dtype=np.int32)
+        if filled is not None:
+            rows = [i for i, req_id in enumerate(structured_output_request_ids) if req_id not in deferred]
+            bitmask[rows] = filled
+        grammar_bitmask.routed_calls += len(deferred)
+        return DeferredRows.wrap(bitmask, deferred)
+
+    return _mark(grammar_bitmask, original, name)
+
+
+# ---- worker side: sample, check, choose again among the rejected rows' best tokens ----
+
+
+def _deferred_of(grammar_output: Any) -> dict[str, tuple[Any, float]]:
+    return getattr(getattr(grammar_output, "grammar_bitmask", None), "deferred", None) or {}
+
+
+def sample_tokens_replacement(original: Callable, name: str) -> Callable:
+    """GPUModelRunner.sample_tokens: marks the process as sampling in-process, and hands the
+    deferred rows of this batch to `_sample`."""
+
+    def sample_tokens(self, grammar_output):
+        _runners.add(self)
+        deferred = _deferred_of(grammar_output)
+        if not deferred:
+            return original(self, grammar_output)
+        self.__dict__[_DEFERRED_KEY] = (deferred, grammar_output.grammar_bitmask.shape[1])
+        try:
+            return original(self, grammar_output)
+        finally:
+            self.__dict__.pop(_DEFERRED_KEY, None)
+
+    return _mark(sample_tokens, original, name)
+
+
+def _random_rows_exact(input_batch: Any) -> bool:
+    """Processors that act on random rows after the temperature (vLLM's argmax-invariant ones)
+    are not in the logits `Sampler.sample` receives: only vLLM's min-p may be among them, and
+    rows with min-p are never deferred."""
+    processors = getattr(input_batch, "logitsprocs", None)
+    return processors is None or all(type(p).__module__ == _BUILTIN_PROCESSORS for p in processors.argmax_invariant)
+
+
+def _vouches(runner: Any) -> bool:
+    """Whether this batch's deferred rows can sample first here: the runner's sampler keeps the
+    processed logits for a redraw, and nothing the kept logits miss acts on random rows."""
+    return _runner_handles_deferred(runner) and _random_rows_exact(runner.input_batch)
+
+
+class _Stash(threading.local):
+    rows: list[int] | None = None  # batch rows whose processed logits `Sampler.sample` keeps
+    logits: torch.Tensor | None = None
+
+
+_stash = _Stash()
+
+
+def sampler_sample_replacement(original: Callable, name: str) -> Callable:
+    """Sampler.sample: keeps a copy of the deferred rows' logits as the sampler processed them
+    (penalties, bias, logits processors; before the temperature, which it applies in place)."""
+
+    def sample(self, logits, sampling_metadata, *args, **kwargs):
+        if _stash.rows is not None:
+            _stash.logits = logits[_stash.rows].clone()
+            sample.routed_calls += 1
+        return original(self, logits, sampling_metadata, *args, **kwargs)
+
+    return _mark(sample, original, name)
+
+
+def _fill_masks(rows: list[Any], width: int) -> torch.Tensor:
+    """The grammars' bitmasks of `rows`, one row each, filled on the pool's threads."""
+    bitmask = torch.full((len(rows), width), -1, dtype=torch.int32)
+
+    def fill(chunk: range) -> None:
+        for i in chunk:
+            rows[i].fill_bitmask(bitmask, i)
+
+    workers = min(fill_threads.cores(), len(rows))
+    if workers > 1:  # xgrammar's fill releases the GIL
+        for done in [fill_threads.pool().submit(fill, range(w, len(rows), workers)) for w in range(workers)]:
+            done.result()
+    else:
+        fill(range(len(rows)))
+    return bitmask
+
+
+def _mask_rows(logits: torch.Tensor, rows: list[tuple[int, Any]], width: int) -> None:
+    """Apply the bitmasks of `rows` ((logits row, grammar)) in place, with the apply function
+    vLLM's structured-output utilities use (logitgate's when `bitmask` is on)."""
+    from vllm.v1.structured_output import utils
+
+    indices = [row for row, _ in rows]
+    packed = torch.full((logits.shape[0], width), -1, dtype=torch.int32)
+    packed[indices] = _fill_masks([grammar for _, grammar in rows], width)
+    utils.xgr.apply_token_bitmask_inplace(logits, packed.to(logits.device), indices=indices)
+
+
+def _first_allowed(grammar: Any, values: list[float], tokens: list[int]) -> int | None:
+    """The first of the best tokens (by value, then id) the grammar accepts; None when none is, or
+    when the accepted one ties with the last value looked at (an equal token may lie beyond)."""
+    order = sorted(range(len(tokens)), key=lambda i: (-values[i], tokens[i]))
+    for i in order:
+        if len(grammar.validate_tokens([tokens[i]])) == 1:
+            return None if values[i] == values[order[-1]] else tokens[i]
+    return None
+
+
+def _fill_is_cheap(grammar: Any) -> bool:
+    """xgrammar knows when the next characters are forced (a JSON key, punctuation): there its
+    fill costs microseconds and searching candidates would only add to it."""
+    matcher = getattr(grammar, "matcher", None)
+    return matcher is not None and bool(matcher.find_jump_forward_string())
+
+
+def _fill_missing(chosen: list[int | None], rows: torch.Tensor, grammars: list[Any], width: int,
+                  pick: Callable[[torch.Tensor], list[int]]) -> list[int]:
+    """Rows still without a token get their mask filled and applied, then `pick` chooses."""
+    missing = [i for i, token in enumerate(chosen) if token is None]
+    if missing:
+        masked = rows[missing]
+        _mask_rows(masked, [(j, grammars[i]) for j, i in enumerate(missing)], width)
+        for i, token in zip(missing, pick(masked)):
+            chosen[i] = token
+    return chosen  # type: ignore[return-value]
+
+
+def greedy_again(logits: torch.Tensor, grammars: list[Any], width: int, search: list[bool],
+                 candidates: int | None = None) -> list[int]:
+    """The masked argmax of each row: for `search` rows looked for among the `candidates` best
+    tokens, else (or when none of them is allowed) by filling the row's mask; ties go to the
+    lowest token id, as torch's argmax breaks them."""
+    chosen: list[int | None] = [None] * len(grammars)
+    looked = [i for i, wanted in enumerate(search) if wanted]
+    if looked:
+        top = logits[looked].topk(min(candidates or CANDIDATES, logits.shape[1]), dim=1)
+        for i, values, tokens in zip(looked, top.values.tolist(), top.indices.tolist()):
+            chosen[i] = _first_allowed(grammars[i], values, tokens)
+    return _fill_missing(chosen, logits, grammars, width, lambda masked: masked.argmax(dim=1).tolist())
+
+
+def gumbel_keys(logits: torch.Tensor, temperatures: list[float]) -> torch.Tensor:
+    """logits / T + Gumbel noise, fresh: the argmax over any set of tokens is an exact draw from
+    softmax(logits / T) restricted to that set (the Gumbel-max trick), so `greedy_again` over these
+    keys draws from the masked distribution."""
+    noise = torch.rand_like(logits).clamp_(min=torch.finfo(logits.dtype).tiny).log_().neg_().log_().neg_()
+    return noise.add_(logits / torch.tensor(temperatures, dtype=logits.dtype).unsqueeze(1))
+
+
+def _choose_again(processed: torch.Tensor, rows: list[tuple[int, Any, float]], rejected: list[int],
+                  width: int) -> dict[int, int]:
+    """Batch row -> token for the `rejected` entries of `rows` ((batch row, grammar, temperature),
+    in the order of `processed`'s rows)."""
+    picks = {}
+    for greedy in (True, False):
+        part = [i for i in rejected if (rows[i][2] < SAMPLING_EPS) == greedy]
+        if not part:
+            continue
+        grammars = [rows[i][1] for i in part]
+        search = [not _fill_is_cheap(g) for g in grammars]
+        keys = processed[part] if greedy else gumbel_keys(processed[part], [rows[i][2] for i in part])
+        tokens = greedy_again(keys, grammars, width, search)
+        picks.update((rows[i][0], token) for i, token in zip(part, tokens))
+    return picks
+
+
+def sample_replacement(original: Callable, name: str) -> Callable:
+    """GPUModelRunner._sample: sample the batch; a deferred row whose token its grammar rejects
+    takes the masked argmax of its processed logits (greedy) or a fresh draw from them, over its
+    temperature, restricted to what its grammar allows."""
+
+    def _sample(self, logits, spec_decode_metadata):
+        pending = self.__dict__.pop(_DEFERRED_KEY, None)
+        if pending is None:
+            return original(self, logits, spec_decode_metadata)
+        deferred, width = pending
+        index = self.input_batch.req_id_to_index
+        rows = sorted((index[req_id], grammar, temperature)
+                      for req_id, (grammar, temperature) in deferred.items() if req_id in index)
+        if spec_decode_metadata is not None or not _vouches(self):
+            _mask_rows(logits, [(row, grammar) for row, grammar, _ in rows], width)  # as vLLM would
+            return original(self, logits, spec_decode_metadata)
+        _stash.rows = [row for row, _, _ in rows]
+        try:
+            output = original(self, logits, None)
+            processed = _stash.logits
+        finally:
+            _stash.rows = _stash.logits = None
+        sampled = output.sampled_token_ids[:, 0].tolist()
+        rejected = [i for i, (row, grammar, _) in enumerate(rows) if len(grammar.validate_tokens([sampled[row]])) != 1]
+        _sample.routed_calls += len(rows) - len(rejected)
+        if rejected and processed is None:  # a sampler whose forward never called Sampler.sample
+            raise RuntimeError(
+                f"logitgate sample_first: {type(self.sampler).__name__} did not pass through Sampler.sample, so "
+                f"rows {[rows[i][0] for i in rejected]} cannot be drawn again under their grammars; "
+                "leave 'sample_first' out of LOGITGATE_VLLM_OPS with this sampler")
+        for row, token in _choose_again(processed, rows, rejected, width).items():
+            output.sampled_token_ids[row, 0] = token
+        return output
+
+    return _mark(_sample, original, name)

@@ -1,0 +1,311 @@
+"""The `sample_first` operation (sample_first.py), piece by piece against vLLM's real classes
+(SamplingParams, StructuredOutputManager with logitgate's tree grammars, xgrammar's apply): which
+rows the manager defers and when; that a deferred row always ends as the masked argmax (greedy,
+ties included) or as an exact draw from the masked distribution (chi-square, alpha 1e-6), through
+both ways a rejected row is settled (the best candidates, the filled mask); that the worker fills
+every deferred row itself where it cannot vouch for them. The real engine runs it in
+test_engine_ops.py (identical greedy JSON outputs) and test_vllm_engine.py (sampled tree paths
+against the exact tree-masked distribution)."""
+from __future__ import annotations
+
+import gc
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ops_helpers import needs_vllm_cpu
+from test_tree_route import CONFIG, manager_for, request
+
+pytestmark = needs_vllm_cpu
+
+
+class AllowedSet:
+    """A grammar of vLLM's interface that allows a fixed set of tokens at every step."""
+
+    def __init__(self, allowed, forced=False):
+        self.allowed = set(allowed)
+        self.fills = self.checks = 0
+        if forced:  # xgrammar's matcher, where the next characters are forced
+            self.matcher = SimpleNamespace(find_jump_forward_string=lambda: '"')
+
+    def validate_tokens(self, tokens):
+        self.checks += 1
+        out = []
+        for token in tokens:
+            if token not in self.allowed:
+                break
+            out.append(token)
+        return out
+
+    def fill_bitmask(self, bitmask, index):
+        self.fills += 1
+        words = [0] * bitmask.shape[1]
+        for token in self.allowed:
+            words[token // 32] |= 1 << (token % 32)
+        bitmask[index] = torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32)
+
+    def is_terminated(self):
+        return False
+
+
+def masked(logits, allowed):
+    keep = torch.zeros(logits.shape[-1], dtype=torch.bool)
+    keep[list(allowed)] = True
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+# ---- a stand-in model runner around the three replacements ----
+
+
+def runner_class():
+    """GPUModelRunner's two methods and vLLM's Sampler.sample, reduced to what they do here:
+    sample_tokens -> _sample -> sampler forward -> Sampler.sample (greedy argmax, or a draw from
+    softmax(logits / T), in place on the logits as vLLM's temperature is)."""
+    from logitgate.integrations.vllm import sample_first as sf
+
+    def original_sample(self, logits, metadata):
+        temperature = metadata.temperature.unsqueeze(1)
+        greedy = logits.argmax(dim=1)
+        probs = logits.div_(temperature.clamp(min=1e-5)).softmax(dim=1)
+        drawn = torch.multinomial(probs, 1)[:, 0]
+        return torch.where(metadata.temperature < 1e-5, greedy, drawn)
+
+    sampler_cls = type("StandInSampler", (), {"sample": sf.sampler_sample_replacement(original_sample, "sample")})
+
+    def original__sample(self, logits, spec_decode_metadata):
+        self.seen_logits = logits.clone()
+        tokens = self.sampler.sample(logits, self.input_batch.sampling_metadata)
+        return SimpleNamespace(sampled_token_ids=tokens.to(torch.int32).unsqueeze(1))
+
+    def original_sample_tokens(self, grammar_output):
+        return self._sample(self.logits.clone(), self.spec)
+
+    return type("StandInRunner", (), {
+        "sample_tokens": sf.sample_tokens_replacement(original_sample_tokens, "sample_tokens"),
+        "_sample": sf.sample_replacement(original__sample, "_sample"),
+    }), sampler_cls
+
+
+def make_runner(logits, temperatures, spec=None):
+    runner_cls, sampler_cls = runner_class()
+    runner = runner_cls()
+    runner.sampler = sampler_cls()
+    runner.logits, runner.spec = logits, spec
+    runner.input_batch = SimpleNamespace(
+        req_id_to_index={f"r{i}": i for i in range(logits.shape[0])},
+        logitsprocs=None,
+        sampling_metadata=SimpleNamespace(temperature=torch.tensor(temperatures, dtype=torch.float32), generators={}),
+    )
+    return runner
+
+
+def deferred_output(grammars, temperatures, width):
+    from logitgate.integrations.vllm.sample_first import DeferredRows
+
+    deferred = {f"r{i}": (g, t) for i, (g, t) in enumerate(zip(grammars, temperatures)) if g is not None}
+    return SimpleNamespace(grammar_bitmask=DeferredRows.wrap(np.full((len(deferred), width), -1, np.int32), deferred))
+
+
+def sample(runner, grammars, temperatures):
+    width = math.ceil(runner.logits.shape[1] / 32)
+    return runner.sample_tokens(deferred_output(grammars, temperatures, width)).sampled_token_ids[:, 0].tolist()
+
+
+# ---- greedy rows: the masked argmax, ties to the lowest id ----
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_greedy_rows_end_as_the_masked_argmax(data):
+    rows = data.draw(st.integers(1, 6))
+    vocab = data.draw(st.integers(33, 150))
+    # Small integer logits: ties everywhere, the case where the tie rule shows.
+    values = data.draw(st.lists(st.integers(-4, 4), min_size=rows * vocab, max_size=rows * vocab))
+    logits = torch.tensor(values, dtype=torch.float32).view(rows, vocab)
+    grammars = [
+        AllowedSet(data.draw(st.sets(st.integers(0, vocab - 1), min_size=1, max_size=vocab)), forced=data.draw(st.booleans()))
+        for _ in range(rows)
+    ]
+    tokens = sample(make_runner(logits, [0.0] * rows), grammars, [0.0] * rows)
+    for row, grammar in enumerate(grammars):
+        assert tokens[row] == int(masked(logits[row], grammar.allowed).argmax()), row
+
+
+def test_a_forced_row_fills_its_mask_instead_of_searching():
+    logits = torch.arange(64, dtype=torch.float32).flip(0).unsqueeze(0)  # token 0 best, 63 worst
+    searched, forced = AllowedSet({5}), AllowedSet({5}, forced=True)
+    assert sample(make_runner(logits, [0.0]), [searched], [0.0]) == [5]
+    assert (searched.fills, searched.checks) == (0, 7)  # the first pass, then candidates 0..5
+    assert sample(make_runner(logits, [0.0]), [forced], [0.0]) == [5]
+    assert (forced.fills, forced.checks) == (1, 1)
+
+
+def test_candidates_past_the_limit_fill_the_mask(monkeypatch):
+    from logitgate.integrations.vllm import sample_first
+
+    monkeypatch.setattr(sample_first, "CANDIDATES", 4)
+    logits = torch.arange(64, dtype=torch.float32).flip(0).unsqueeze(0)
+    grammar = AllowedSet({40})
+    assert sample(make_runner(logits, [0.0]), [grammar], [0.0]) == [40]
+    assert grammar.fills == 1
+
+
+# ---- sampled rows: exact draws from the masked distribution ----
+
+
+@pytest.mark.parametrize("candidates", [32, 2])  # 2: most redraws go through the filled mask
+def test_sampled_rows_follow_the_masked_distribution(monkeypatch, candidates):
+    from scipy import stats
+
+    from logitgate.integrations.vllm import sample_first
+
+    monkeypatch.setattr(sample_first, "CANDIDATES", candidates)
+    torch.manual_seed(0)
+    vocab, rows, rounds, temperature = 40, 16, 400, 0.8
+    row = torch.randn(vocab) * 1.5
+    row[3] = 4.0  # the likeliest token is not allowed: about half the first draws are rejected
+    allowed = {0, 5, 6, 11, 17, 22, 23, 30, 38}
+    grammars = [AllowedSet(allowed) for _ in range(rows)]
+    counts = dict.fromkeys(range(vocab), 0)
+    for _ in range(rounds):
+        runner = make_runner(row.repeat(rows, 1), [temperature] * rows)
+        for token in sample(runner, grammars, [temperature] * rows):
+            counts[token] += 1
+    assert set(t for t, c in counts.items() if c) <= allowed
+    probs = masked(row / temperature, allowed).double().softmax(0)
+    tokens = sorted(allowed)
+    observed = [counts[t] for t in tokens]
+    expected = [float(probs[t]) / float(probs[tokens].sum()) * rows * rounds for t in tokens]
+    assert stats.chisquare(observed, expected).pvalue > 1e-6, list(zip(observed, expected))
+    fills = sum(g.fills for g in grammars)
+    assert sum(g.checks for g in grammars) > rows * rounds  # rejected first draws were searched again
+    assert (fills > rows * rounds / 10) if candidates == 2 else (fills < rows * rounds / 100)
+
+
+def test_mixed_batch_keeps_other_rows_and_their_draws():
+    logits = torch.randn(4, 64)
+    grammars = [AllowedSet({7, 9}), None, AllowedSet({1}), None]  # rows 1 and 3 are not deferred
+    runner = make_runner(logits, [0.0, 0.0, 1.0, 0.0])
+    tokens = sample(runner, grammars, [0.0, 0.0, 1.0, 0.0])
+    assert tokens[0] == int(masked(logits[0], {7, 9}).argmax())
+    assert tokens[1] == int(logits[1].argmax()) and tokens[3] == int(logits[3].argmax())
+    assert tokens[2] == 1
+
+
+# ---- where the worker cannot vouch: every deferred row is filled before sampling ----
+
+
+def test_speculative_batches_are_masked_before_sampling():
+    logits = torch.randn(2, 64)
+    grammars = [AllowedSet({4, 50}), AllowedSet({63})]
+    runner = make_runner(logits, [0.0, 0.0], spec=object())
+    tokens = sample(runner, grammars, [0.0, 0.0])
+    assert tokens == [int(masked(logits[0], {4, 50}).argmax()), 63]
+    assert [g.fills for g in grammars] == [1, 1] and [g.checks for g in grammars] == [0, 0]
+    assert torch.isinf(runner.seen_logits[0]).sum() == 62  # the sampler saw the masked row
+
+
+def test_an_argmax_invariant_processor_that_is_not_vllms_makes_the_worker_fill():
+    logits = torch.randn(1, 64)
+    runner = make_runner(logits, [1.0])
+    runner.input_batch.logitsprocs = SimpleNamespace(argmax_invariant=[object()])
+    grammar = AllowedSet({8})
+    assert sample(runner, [grammar], [1.0]) == [8]
+    assert grammar.fills == 1 and grammar.checks == 0
+
+
+def test_a_sampler_that_skips_sampler_sample_fails_loudly():
+    logits = torch.zeros(1, 64)
+    logits[0, 3] = 5.0
+    runner = make_runner(logits, [0.0])
+    runner.sampler.sample = lambda logits, metadata: logits.argmax(dim=1)  # bypasses the kept logits
+    with pytest.raises(RuntimeError, match=r"rows \[0\] cannot be drawn again"):
+        sample(runner, [AllowedSet({9})], [0.0])
+
+
+# ---- the manager: which rows are left unfilled, and only where a runner here checks them ----
+
+
+def params(**kwargs):
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=8, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, defers", [
+    ({"temperature": 0.0}, True),
+    ({"temperature": 0.0, "seed": 3}, True),  # greedy draws nothing from its generator
+    ({"temperature": 0.7}, True),
+    ({"temperature": 0.7, "repetition_penalty": 1.3, "logit_bias": {5: 2.0}}, True),  # per-token: in the kept logits
+    ({"temperature": 0.7, "seed": 3}, False),
+    ({"temperature": 0.7, "top_p": 0.9}, False),
+    ({"temperature": 0.7, "top_k": 5}, False),
+    ({"temperature": 0.7, "min_p": 0.1}, False),
+    ({"temperature": 0.0, "logprobs": 2}, False),
+])
+def test_which_sampling_parameters_sample_first(kwargs, defers):
+    from logitgate.integrations.vllm.sample_first import row_can_sample_first
+
+    assert row_can_sample_first(params(**kwargs)) is defers
+
+
+@pytest.fixture()
+def tree_manager():
+    from logitgate.integrations.vllm import tree_route
+
+    tree_route.install()
+
+    def build(device="cpu", world_size=1, num_spec=0, temperatures=(0.0, 0.0, 0.7)):
+        from logitgate.integrations.vllm.sample_first import grammar_bitmask_replacement
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        manager = manager_for(num_spec)
+        manager.vllm_config.device_config = SimpleNamespace(device_type=device)
+        manager.vllm_config.parallel_config.world_size = world_size
+        reqs = {}
+        for i, temperature in enumerate(temperatures):
+            req = request(f"r{i}", {"tree_decode": CONFIG})
+            req.sampling_params.temperature = temperature
+            if i == 2:
+                req.sampling_params.top_p = 0.5  # not deferred
+            manager.grammar_init(req)
+            reqs[req.request_id] = req
+        replacement = grammar_bitmask_replacement(StructuredOutputManager.grammar_bitmask, "grammar_bitmask")
+        return lambda: replacement(manager, reqs, list(reqs), {}), manager, reqs
+
+    return build
+
+
+def test_the_manager_defers_only_while_a_runner_here_checks_the_rows(tree_manager):
+    from logitgate.integrations.vllm import sample_first
+
+    fill, manager, reqs = tree_manager()
+    sample_first._runners.clear()  # stand-in runners of earlier tests
+    plain = fill()
+    assert not getattr(plain, "deferred", None)  # no runner sampled in this process yet
+    runner = make_runner(torch.zeros(1, 48), [0.0])
+    runner.sample_tokens(None)  # a runner with both replacements samples here
+    out = fill()
+    assert set(out.deferred) == {"r0", "r1"}
+    assert out.deferred["r0"] == (reqs["r0"].structured_output_request.grammar, 0.0)
+    np.testing.assert_array_equal(out[:2], -1)  # deferred rows: all-ones, unfilled
+    np.testing.assert_array_equal(out[2], plain[2])  # the top-p row: vLLM's fill
+    assert not out[:1].deferred  # a slice or copy is a plain bitmask
+    del runner
+    gc.collect()
+    assert not getattr(fill(), "deferred", None)  # the runner is gone: nobody would check
+    assert not list(sample_first._runners)
+
+
+@pytest.mark.parametrize("change", [{"device": "cuda"}, {"world_size": 2}, {"num_spec": 2}])
+def test_no_deferral_off_the_cpu_across_processes_or_with_drafts(tree_manager, change):
+    runner = make_runner(torch.zeros(1, 48), [0.0])
+    runner.sample_tokens(None)
+    fill, _, _ = tree_manager(**change)
+    assert not getattr(fill(), "deferred", None)
+    del runner
