@@ -228,10 +228,13 @@ def _top_k_kernel(logits, bits, k):  # pragma: no cover - jitted
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _top_p_row(lrow, prow, brow, top_p, mass, count):  # pragma: no cover - jitted
-    # mass and count are all zero on entry and are left all zero: a row clears the buckets it
-    # touched (not all 4096: on short rows, e.g. a tree's candidates, clearing 64 KB per row cost
-    # more than the row itself).
+def _top_p_threshold(prow, brow, top_p, mass, members):  # pragma: no cover - jitted
+    """The smallest probability top-p keeps (0.0: it keeps the row), from non-negative `prow`
+    (brow: its int32 bits) on any scale, `top_p` on the same scale. mass (the histogram) is all
+    zero on entry and left all zero; members: float32 scratch of at least len(prow)."""
+    # A row clears the buckets it touched (not all 4096: on short rows, e.g. a tree's candidates,
+    # clearing 32 KB per row cost more than the row itself). A bucket holds mass iff it holds a
+    # value (only values > 0 are counted), so no count is kept: one scattered update per value.
     vocab = prow.shape[0]
     top = -1
     for i in range(vocab):
@@ -239,46 +242,49 @@ def _top_p_row(lrow, prow, brow, top_p, mass, count):  # pragma: no cover - jitt
             continue
         b = brow[i] >> _BUCKET_SHIFT
         mass[b] += prow[i]
-        count[b] += 1
         top = max(top, b)
     # The bucket where the mass accumulated from the top first reaches top_p holds the cut:
     # higher buckets are kept whole, lower ones removed whole.
     above = 0.0
     boundary = -1
     for b in range(top, -1, -1):
-        if count[b] == 0:
+        if mass[b] == 0.0:
             continue
         if above + mass[b] >= top_p:
             boundary = b
             break
         above += mass[b]
-    size = count[boundary] if boundary >= 0 else 0
     if vocab * 4 < _NUM_BUCKETS:
         for i in range(vocab):
             if brow[i] > 0:
                 mass[brow[i] >> _BUCKET_SHIFT] = 0.0
-                count[brow[i] >> _BUCKET_SHIFT] = 0
     else:
-        mass[:] = 0.0
-        count[:] = 0
+        mass[: top + 1] = 0.0
     if boundary < 0:
-        return
-    members = np.empty(size, np.float32)
-    j = 0
+        return np.float32(0.0)
+    size = 0
     for i in range(vocab):
         if brow[i] > 0 and brow[i] >> _BUCKET_SHIFT == boundary:
-            members[j] = prow[i]
-            j += 1
-    members = np.sort(members)[::-1]
-    threshold = members[0]
+            members[size] = prow[i]
+            size += 1
+    ordered = np.sort(members[:size])[::-1]
+    threshold = ordered[0]
     i = 0
-    while i < members.shape[0] and above < top_p:
-        value = members[i]
+    while i < size and above < top_p:
+        value = ordered[i]
         threshold = value
-        while i < members.shape[0] and members[i] == value:  # a tie group shares its mass above
-            above += members[i]
+        while i < size and ordered[i] == value:  # a tie group shares its mass above
+            above += ordered[i]
             i += 1
-    for i in range(vocab):
+    return threshold
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _top_p_row(lrow, prow, brow, top_p, mass, members):  # pragma: no cover - jitted
+    threshold = _top_p_threshold(prow, brow, top_p, mass, members)
+    if threshold == 0.0:
+        return
+    for i in range(prow.shape[0]):
         # Branch-free selects: about 40% of a row goes, in no predictable order (a branch here
         # mispredicts and costs 2x the pass).
         drop = prow[i] < threshold
@@ -288,14 +294,14 @@ def _top_p_row(lrow, prow, brow, top_p, mass, count):  # pragma: no cover - jitt
 
 @numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
 def _top_p_kernel(logits, probs, bits, p, chunks):  # pragma: no cover - jitted
-    rows = logits.shape[0]
+    rows, vocab = logits.shape
     for c in numba.prange(chunks):
-        # One histogram per chunk of rows, reused row after row.
+        # One histogram and members scratch per chunk of rows, reused row after row.
         mass = np.zeros(_NUM_BUCKETS, np.float64)
-        count = np.zeros(_NUM_BUCKETS, np.int64)
+        members = np.empty(vocab, np.float32)
         for r in range(c, rows, chunks):
             if p[r] < 1.0:
-                _top_p_row(logits[r], probs[r], bits[r], p[r], mass, count)
+                _top_p_row(logits[r], probs[r], bits[r], p[r], mass, members)
 
 
 def apply_top_k_cpu(logits: torch.Tensor, k: torch.Tensor) -> None:

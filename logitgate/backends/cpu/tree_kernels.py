@@ -69,11 +69,11 @@ def _argmax_parallel(logits, rows, starts, widths, allow_tok, max_width, out):  
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _sample_row(logits, row, start, width, allow_tok, temperature, greedy, k, p, u, values, value_bits, probs, prob_bits, mass, count):  # pragma: no cover - jitted
+def _sample_row(logits, row, start, width, allow_tok, temperature, greedy, k, p, u, values, value_bits, probs, prob_bits, mass):  # pragma: no cover - jitted
     """The column drawn for one row of the sparse layout, in one pass per stage over the row's own
     candidates (no padding): gather, then the sampler's stages with its row kernels (argmax; top-k;
     exp; top-p; inverse CDF). values/value_bits and probs/prob_bits are float32/int32 views of
-    two scratch rows; mass/count the top-p histogram (all zero, left all zero)."""
+    two scratch rows; mass the top-p histogram (all zero, left all zero)."""
     if width == 0:
         return 0
     vals = values[:width]
@@ -99,8 +99,10 @@ def _sample_row(logits, row, start, width, allow_tok, temperature, greedy, k, p,
     peak32 = np.float32(peak)
     for j in range(width):
         row_probs[j] = _exp_nonpositive(vals[j] - peak32)
-    if p < 1.0:  # top-p zeroes the probabilities it removes
-        _top_p_row(vals, row_probs, prob_bits[:width], p * _block_sum(row_probs, 0, width), mass, count)
+    if p < 1.0:
+        # Top-p zeroes the probabilities it removes. vals is dead now: it serves as the filter's
+        # members scratch (read before the cut) and takes the cut's -inf writes.
+        _top_p_row(vals, row_probs, prob_bits[:width], p * _block_sum(row_probs, 0, width), mass, values)
     return _inverse_cdf_row(row_probs, u)
 
 
@@ -110,11 +112,10 @@ def _sample_rows(logits, rows, starts, widths, allow_tok, temperature, greedy, k
     values = np.empty(max(max_width, 1), np.float32)
     probs = np.empty(max(max_width, 1), np.float32)
     mass = np.zeros(_NUM_BUCKETS, np.float64)
-    count = np.zeros(_NUM_BUCKETS, np.int64)
     for i in range(first, rows.shape[0], step):
         column = _sample_row(
             logits, rows[i], starts[i], widths[i], allow_tok, temperature[i], greedy[i], k[i], p[i], u[i],
-            values, values.view(np.int32), probs, probs.view(np.int32), mass, count,
+            values, values.view(np.int32), probs, probs.view(np.int32), mass,
         )
         out[i] = allow_tok[starts[i] + column] if widths[i] > 0 else 0
 
