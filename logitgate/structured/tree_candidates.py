@@ -264,6 +264,11 @@ def plan_tree_step(
         return TreeStepPlan(batch, vocab_size, None, ())
     starts = tree._host.allow_ptr[host]  # int64 copies
     widths = tree._host.allow_ptr[host + 1] - starts
+    if tree.max_width <= limit and n * tree.max_width <= _GROUP_COST:
+        # A narrow tree (catalogs): whatever the states, no row is dense and no split can pay.
+        # One group as wide as the tree's widest state (a bounded padding), no reductions.
+        group = SparseRows(tree, all_rows, row_list, states, to_device(starts), to_device(widths), tree.max_width)
+        return TreeStepPlan(batch, vocab_size, None, (group,))
 
     def pick(index: np.ndarray) -> tuple[torch.Tensor, list[int], torch.Tensor]:
         if len(index) == n:

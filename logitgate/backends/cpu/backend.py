@@ -71,7 +71,8 @@ class CpuBackend(Backend):
 
         return gather_candidate_logits_cpu(logits, rows, starts, widths, allow_tok, width)
 
-    @_capped
+    # Not @_capped: small batches run a serial kernel, and setting numba's thread count twice per
+    # call cost more than a narrow tree's kernel; the parallel kernels cap themselves.
     def candidate_argmax(self, logits, rows, starts, widths, allow_tok, width) -> torch.Tensor:
         if logits.dtype != torch.float32 or logits.stride(-1) != 1:
             return super().candidate_argmax(logits, rows, starts, widths, allow_tok, width)
@@ -81,8 +82,7 @@ class CpuBackend(Backend):
 
     fused_candidate_sampling = True
 
-    @_capped
-    def sample_candidates(self, logits, rows, starts, widths, allow_tok, width, temperature, greedy, top_k, top_p, uniform):
+    def sample_candidates(self, logits, rows, starts, widths, allow_tok, width, temperature, greedy, top_k, top_p, uniform):  # capped inside, as candidate_argmax
         if logits.dtype != torch.float32 or logits.stride(-1) != 1:
             return super().sample_candidates(logits, rows, starts, widths, allow_tok, width, temperature, greedy, top_k, top_p, uniform)
         from .tree_kernels import sample_candidates_cpu

@@ -10,6 +10,7 @@ import numba
 import numpy as np
 import torch
 
+from .threads import numba_thread_cap, thread_cap
 from .sampling_kernels import (
     _NUM_BUCKETS,
     _block_sum,
@@ -143,6 +144,10 @@ def _keep_kernel(logits, rows, starts, widths, allow_tok, max_width):  # pragma:
 
 
 def _int64(t: torch.Tensor) -> np.ndarray:
+    # The plan's index tensors are contiguous int64 already: no conversion calls (a few us each,
+    # and a narrow tree's whole step is ~0.1 ms).
+    if t.dtype == torch.int64 and t.is_contiguous():
+        return t.numpy()
     return t.to(torch.int64).contiguous().numpy()
 
 
@@ -175,7 +180,8 @@ def candidate_argmax_cpu(logits, rows, starts, widths, allow_tok, width) -> torc
         scratch = np.empty(max(width, 1), np.float32)
         _argmax_serial(*args, scratch, scratch.view(np.int32), out.numpy())
     else:
-        _argmax_parallel(*args, max(width, 1), out.numpy())
+        with numba_thread_cap(thread_cap()):
+            _argmax_parallel(*args, max(width, 1), out.numpy())
     return out
 
 
@@ -198,6 +204,7 @@ def sample_candidates_cpu(logits, rows, starts, widths, allow_tok, width, temper
     if n * width <= _SERIAL_MAX_VALUES:
         _sample_rows(logits.numpy(), *per_row, out.numpy(), 0, 1, width)
     else:
-        chunks = max(1, min(n, numba.get_num_threads()))  # one histogram and scratch per thread
-        _sample_parallel(logits.numpy(), *per_row, out.numpy(), chunks, width)
+        with numba_thread_cap(thread_cap()):
+            chunks = max(1, min(n, numba.get_num_threads()))  # one histogram and scratch per thread
+            _sample_parallel(logits.numpy(), *per_row, out.numpy(), chunks, width)
     return out
