@@ -242,3 +242,32 @@ def test_mixed_dense_and_fused_rows_follow_the_masked_distribution(f, assert_dis
     narrow_allowed = sorted(tree.allowed(int(states[0])))
     assert_distribution(out[1::2], expected_probs(row, wide, f))
     assert_distribution(out[0::2], expected_probs(row, narrow_allowed, f))
+
+
+
+def test_fused_draw_uses_prefetched_uniforms_once():
+    """One sparse group holding the batch draws with the uniforms prefetched for the step (as the
+    Sampler would), marks them used, and refuses them a second time."""
+    from logitgate.backends.base import NOISE_UNIFORM, SamplingNoise
+
+    g = torch.Generator().manual_seed(14)
+    allowed = sorted((1 + torch.randperm(VOCAB - 1, generator=g)[:40]).tolist())
+    tree = TreeDFA.from_sequences([[t] for t in allowed], end_token_id=0, vocab_size=VOCAB, cache=False)
+    logits = torch.randn(8, VOCAB, generator=g)
+    states = tree.initial_states(8)
+    uniform = torch.tensor([0.0, 0.999999, 0.5, 0.25, 0.75, 0.1, 0.9, 0.0], dtype=torch.float64)
+
+    def metadata():
+        md = SamplingMetadata.from_params([SamplingParams(temperature=1.0, top_p=0.9)] * 8)
+        md.noise = SamplingNoise(NOISE_UNIFORM, uniform.clone())
+        return md
+
+    md = metadata()
+    fused = sample_tree_step(Sampler(), logits.clone(), tree, states, md, sparse_max_fraction=1.0).sampled_token_ids
+    assert md.noise.consumed
+    columns = torch.tensor(allowed)
+    layouts = sample_layouts(Sampler(), [Layout(None, logits[:, allowed].clone(), lambda c: columns[c])], metadata(), 8)
+    assert torch.equal(fused, layouts.sampled_token_ids)
+    assert len(set(fused[:, 0].tolist())) > 3  # the uniforms decided the draws
+    with pytest.raises(ValueError, match="already used"):
+        sample_tree_step(Sampler(), logits.clone(), tree, states, md, sparse_max_fraction=1.0)
