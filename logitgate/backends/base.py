@@ -124,6 +124,31 @@ class Backend(ABC):
         columns = self.argmax(self.gather_candidate_logits(logits, rows, starts, widths, allow_tok, width))
         return reference.candidate_column_tokens(columns, starts, widths, allow_tok)
 
+    # Whether `sample_candidates` is a fused kernel that pays over gathering the layout and running
+    # the Sampler's ops on it (sampling/ and structured/ pick the fused draw only where it is).
+    fused_candidate_sampling: bool = False
+
+    def sample_candidates(
+        self,
+        logits: torch.Tensor,
+        rows: torch.Tensor,
+        starts: torch.Tensor,
+        widths: torch.Tensor,
+        allow_tok: torch.Tensor,
+        width: int,
+        temperature: torch.Tensor,
+        greedy: torch.Tensor | None,
+        top_k: torch.Tensor | None,
+        top_p: torch.Tensor | None,
+        uniform: torch.Tensor,
+    ) -> torch.Tensor:
+        """int64 (n,): one token per row of the sparse layout, greedy or drawn with temperature,
+        top-k, top-p and one float64 uniform per row (see reference.sample_candidates_reference);
+        no host sync. Default: the torch reference."""
+        return reference.sample_candidates_reference(
+            logits, rows, starts, widths, allow_tok, width, temperature, greedy, top_k, top_p, uniform
+        )
+
     def keep_candidate_logits(
         self,
         logits: torch.Tensor,

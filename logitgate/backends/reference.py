@@ -125,6 +125,45 @@ def candidate_column_tokens(columns: torch.Tensor, starts: torch.Tensor, widths:
     return torch.where(widths > 0, tokens.long(), 0)
 
 
+def sample_candidates_reference(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    starts: torch.Tensor,
+    widths: torch.Tensor,
+    allow_tok: torch.Tensor,
+    width: int,
+    temperature: torch.Tensor,
+    greedy: torch.Tensor | None,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    uniform: torch.Tensor,
+) -> torch.Tensor:
+    """int64 (n,): one token per row of the sparse layout (gather_candidate_logits_reference), drawn
+    as the Sampler draws from that layout on a backend with uniform noise: greedy rows
+    (greedy[i]; None: none) take candidate_argmax_reference's token; the others divide by
+    temperature[i] (float32), then top-k (top_k[i]; 0 / >= width keep the row) and top-p (top_p[i];
+    1 keeps it) as apply_top_k_top_p_reference, then the inverse-CDF draw with uniform[i]
+    (float64 in [0, 1), inverse_cdf_sample_reference) over the softmax; a row of the tempered
+    layout with a NaN, a +inf or nothing above -inf gives the token of its fallback column
+    (fallback_tokens). Tokens outside a row's candidates have probability 0, so this is the draw
+    from the masked full row. A row with no candidate gives 0. Per-row tensors have n entries."""
+    n = rows.shape[0]
+    if width == 0 or n == 0:
+        return torch.zeros(n, dtype=torch.int64, device=logits.device)
+    values = gather_candidate_logits_reference(logits, rows, starts, widths, allow_tok, width)
+    greedy_columns = values.argmax(dim=-1)
+    scale = temperature.to(torch.float32) if greedy is None else torch.where(greedy, 1.0, temperature.to(torch.float32))
+    tempered = values.div_(scale.unsqueeze(1))
+    undefined = undefined_logit_rows(tempered)
+    fallback = fallback_tokens(tempered)
+    apply_top_k_top_p_reference(tempered, top_k, top_p)
+    columns = inverse_cdf_sample_reference(tempered.softmax(dim=-1), uniform)
+    columns = torch.where(undefined, fallback, columns)
+    if greedy is not None:
+        columns = torch.where(greedy, greedy_columns, columns)
+    return candidate_column_tokens(columns, starts, widths, allow_tok)
+
+
 def keep_candidate_logits_reference(
     logits: torch.Tensor,
     rows: torch.Tensor,

@@ -42,6 +42,7 @@ __all__ = [
     "TreeStepPlan",
     "plan_tree_step",
     "greedy_plan",
+    "fused_plan",
     "sample_plan",
     "sample_tree_step",
     "tree_layouts",
@@ -100,6 +101,15 @@ class SparseRows:
         masked row: ties to the smallest token id), with no layout written."""
         return self.tree.backend.candidate_argmax(
             logits, self.rows, self.starts, self.widths, self.tree._allow_tok, self.width
+        )
+
+    def sample(self, logits, temperature, greedy, top_k, top_p, uniform) -> torch.Tensor:
+        """int64 (n,): each row's token drawn over its allowed logits (Backend.sample_candidates:
+        per-row temperature, greedy flags, top-k, top-p and float64 uniforms, n entries each), with
+        no layout written where the backend fuses it."""
+        return self.tree.backend.sample_candidates(
+            logits, self.rows, self.starts, self.widths, self.tree._allow_tok, self.width,
+            temperature, greedy, top_k, top_p, uniform,
         )
 
     def token_ids(self, columns: torch.Tensor) -> torch.Tensor:
@@ -254,6 +264,11 @@ def plan_tree_step(
         return TreeStepPlan(batch, vocab_size, None, ())
     starts = tree._host.allow_ptr[host]  # int64 copies
     widths = tree._host.allow_ptr[host + 1] - starts
+    if tree.max_width <= limit and n * tree.max_width <= _GROUP_COST:
+        # A narrow tree (catalogs): whatever the states, no row is dense and no split can pay.
+        # One group as wide as the tree's widest state (a bounded padding), no reductions.
+        group = SparseRows(tree, all_rows, row_list, states, to_device(starts), to_device(widths), tree.max_width)
+        return TreeStepPlan(batch, vocab_size, None, (group,))
 
     def pick(index: np.ndarray) -> tuple[torch.Tensor, list[int], torch.Tensor]:
         if len(index) == n:
@@ -347,14 +362,100 @@ def sample_plan(sampler, plan: TreeStepPlan, logits: torch.Tensor, metadata):
     """Sample every row of `logits` (B, V) over the layouts of `plan` (sampling.sparse.sample_layouts).
     An all-greedy batch without logprobs or logits processors takes the sampler's greedy path
     directly: each sparse group's argmax over its gathered candidates, the dense rows' argmax over
-    their masked rows (the same tokens, without the layouts' per-call overhead)."""
+    their masked rows (the same tokens, without the layouts' per-call overhead). Random rows
+    without logprobs, logits processors or min-p take `fused_plan` where the backend fuses the
+    draw over candidates (CPU), the same draw with the same random numbers."""
     from ..sampling.sampler import SamplerOutput
     from ..sampling.sparse import sample_layouts
 
     greedy_only = metadata.all_greedy and metadata.max_num_logprobs is None and not len(metadata.logitsprocs)
-    if not greedy_only:
-        return sample_layouts(sampler, tree_layouts(plan, logits), metadata, logits.shape[0])
-    return SamplerOutput(greedy_plan(sampler, plan, logits).to(torch.int32).unsqueeze(1), None)
+    if greedy_only:
+        return SamplerOutput(greedy_plan(sampler, plan, logits).to(torch.int32).unsqueeze(1), None)
+    if plan.sparse and _fused_draws(sampler, plan, logits, metadata):
+        return SamplerOutput(fused_plan(sampler, plan, logits, metadata).to(torch.int32).unsqueeze(1), None)
+    return sample_layouts(sampler, tree_layouts(plan, logits), metadata, logits.shape[0])
+
+
+def _fused_draws(sampler, plan: TreeStepPlan, logits: torch.Tensor, metadata) -> bool:
+    """Whether the sparse groups can be drawn with Backend.sample_candidates: the backend fuses it,
+    draws with one uniform per row (the noise the sampler's random_sample consumes there), and the
+    step asks for nothing the fused draw leaves out (logprobs, logits processors, min-p: those take
+    the layouts and the Sampler)."""
+    from ..backends import backend_for_tensor
+    from ..backends.base import NOISE_UNIFORM
+
+    backend = backend_for_tensor(logits, sampler.backend)
+    tree_backend = plan.sparse[0].tree.backend
+    return (
+        backend.fused_candidate_sampling and tree_backend.fused_candidate_sampling
+        and backend.sampling_noise_kind == NOISE_UNIFORM and tree_backend.sampling_noise_kind == NOISE_UNIFORM
+        and metadata.max_num_logprobs is None and not len(metadata.logitsprocs) and metadata.min_p is None
+    )
+
+
+def fused_plan(sampler, plan: TreeStepPlan, logits: torch.Tensor, metadata) -> torch.Tensor:
+    """int64 (B,): every row of `logits` (B, V) sampled under `plan` as sample_layouts would (the
+    same distribution, and the same random numbers: each layout's rows draw their uniforms from
+    their own generators, or the default one, in layout order, dense rows first), with each sparse
+    group drawn by Backend.sample_candidates instead of gathered and run through the Sampler's ops.
+    Dense rows (masked in place) take the Sampler."""
+    from ..backends.reference import draw_uniforms
+    from ..sampling.ops import check_logits, check_top_p_values
+    from ..sampling.params import SAMPLING_EPS
+    from ..sampling.sparse import select_rows
+
+    check_logits(logits)
+    _check_device(plan, logits)
+    batch = logits.shape[0]
+    temperature = metadata.temperature
+    if temperature is None or temperature.shape != (batch,):
+        raise ValueError(f"metadata.temperature must have shape ({batch},) for a batch with random rows")
+    everything = list(range(batch))
+    parts = ([plan.dense] if plan.dense is not None else []) + list(plan.sparse)
+    if sum(len(part.row_list) for part in parts) != batch:
+        raise ValueError(f"the plan holds {sum(len(p.row_list) for p in parts)} rows for a batch of {batch}")
+    check_top_p_values(metadata.top_p, "top_p")
+    tokens = torch.empty(batch, dtype=torch.int64, device=logits.device)
+    if plan.dense is not None:
+        (layout,) = tree_layouts(TreeStepPlan(plan.batch_size, plan.vocab_size, plan.dense, ()), logits)
+        rows = plan.dense.row_list
+        dense_meta = metadata if layout.rows is None else select_rows(metadata, rows, logits.device)
+        picked = sampler(layout.logits, dense_meta).sampled_token_ids.squeeze(1).to(torch.int64)
+        if layout.rows is None:
+            return picked
+        tokens.index_copy_(0, plan.dense.rows.to(logits.device), picked)
+    greedy = None if metadata.all_random else temperature < SAMPLING_EPS
+    for group in plan.sparse:
+        if group.row_list == everything:
+            # One layout holds the batch: the sampler would draw it with the metadata as given,
+            # prefetched uniforms included.
+            uniform = _take_uniform_noise(metadata.noise, batch)
+            if uniform is None:
+                uniform = draw_uniforms(batch, metadata.generators, logits.device)
+            return group.sample(logits, temperature, greedy, metadata.top_k, metadata.top_p, uniform)
+        # The generators of the group's rows at their positions in it (sampling.sparse.select_rows).
+        position = {row: i for i, row in enumerate(group.row_list)}
+        generators = {position[r]: g for r, g in metadata.generators.items() if r in position}
+        uniform = draw_uniforms(len(group.row_list), generators, logits.device)
+        index = group.rows.to(logits.device)
+        pick = lambda t: None if t is None else t.index_select(0, index)  # noqa: E731
+        drawn = group.sample(logits, pick(temperature), pick(greedy), pick(metadata.top_k), pick(metadata.top_p), uniform)
+        tokens.index_copy_(0, index, drawn)
+    return tokens
+
+
+def _take_uniform_noise(noise, batch: int) -> torch.Tensor | None:
+    """The prefetched uniforms of a whole-batch draw (marked used), or None when none were drawn."""
+    from ..backends.base import NOISE_UNIFORM
+
+    if noise is None:
+        return None
+    if noise.consumed:
+        raise ValueError("noise was already used by a random_sample call; draw new noise for each step")
+    if noise.kind != NOISE_UNIFORM or noise.shape != (batch,):
+        raise ValueError(f"noise is {noise.kind!r} of shape {noise.shape}; this step draws one uniform per row ({batch},)")
+    noise.consumed = True
+    return noise.values
 
 
 def greedy_plan(sampler, plan: TreeStepPlan, logits: torch.Tensor) -> torch.Tensor:

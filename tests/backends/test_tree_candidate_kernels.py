@@ -2,7 +2,7 @@
 argmax kernel, on every backend, against the torch reference on random CSR tables and logits."""
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from logitgate.backends.reference import (
@@ -126,3 +126,72 @@ def test_argmax_wide_rows(backend):
     logits = torch.randn(4, 131072, generator=torch.Generator().manual_seed(3))
     logits[2, 7] = logits[2, 99999] = logits[2].max() + 1  # a tie at the top: the first wins
     assert torch.equal(backend.argmax(logits), logits.argmax(dim=-1))
+
+
+def _cdf_margin(values, top_k, top_p, temperature, greedy, uniform) -> float:
+    """How close a draw of sample_candidates_reference comes to a rounding decision: the smallest
+    distance of u * total to a cumulative sum, and of a top-p cut to the mass above a probability
+    (float64). Kernels computing the softmax in another order may round across these."""
+    from logitgate.backends.reference import apply_top_k_top_p_reference
+
+    margin = float("inf")
+    for i in range(values.shape[0]):
+        if greedy is not None and bool(greedy[i]):
+            continue
+        z = values[i : i + 1].double() / float(temperature[i])
+        if not torch.isfinite(z.max()):
+            continue
+        k = None if top_k is None else top_k[i : i + 1]
+        z = apply_top_k_top_p_reference(z, k, None)
+        probs = z.softmax(-1)[0]
+        if top_p is not None and float(top_p[i]) < 1:
+            above = (probs.unsqueeze(1) * (probs.unsqueeze(1) > probs.unsqueeze(0))).sum(0)
+            margin = min(margin, float((above - float(top_p[i])).abs().min()))
+            z = apply_top_k_top_p_reference(z, None, top_p[i : i + 1].double())
+            probs = z.softmax(-1)[0]
+        cdf = probs.cumsum(0)
+        margin = min(margin, float((cdf - float(uniform[i]) * float(cdf[-1])).abs().min()))
+    return margin
+
+
+@given(
+    case=candidate_cases(),
+    dtype=st.sampled_from(DTYPES),
+    filters=st.sampled_from(["none", "k", "p", "kp"]),
+    mix=st.sampled_from(["random", "mixed"]),
+    specials=st.lists(st.sampled_from(["nan", "-inf", "inf", "row-inf"]), max_size=3),
+)
+def test_sample_candidates_matches_reference(case, dtype, filters, mix, specials, backend):
+    """Backend.sample_candidates (the CPU's fused kernel, the reference elsewhere) draws the
+    reference's token for the same uniforms: temperature, top-k, top-p, greedy rows, rows without a
+    distribution (fallback) and rows without candidates."""
+    from logitgate.backends.reference import sample_candidates_reference
+
+    vocab, lists, batch, rows, states, extra, seed = case
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(batch, vocab, generator=g) * 3).to(dtype)
+    for name in specials:
+        r, c = int(torch.randint(batch, (1,), generator=g)), int(torch.randint(vocab, (1,), generator=g))
+        if name == "row-inf":
+            logits[r] = float("-inf")
+        else:
+            logits[r, c] = {"nan": float("nan"), "-inf": float("-inf"), "inf": float("inf")}[name]
+    starts, widths, allow_tok = _tables(lists, states)
+    width = (int(widths.max()) if len(rows) else 0) + extra
+    n = len(rows)
+    rows_t = torch.tensor(rows, dtype=torch.int64)
+    temperature = torch.rand(n, generator=g) * 1.5 + 0.2
+    greedy = torch.rand(n, generator=g) < 0.3 if mix == "mixed" else None
+    top_k = torch.randint(-1, width + 2, (n,), generator=g) if "k" in filters else None
+    top_p = torch.rand(n, generator=g).clamp(min=0.05).masked_fill(torch.rand(n, generator=g) < 0.2, 1.0) if "p" in filters else None
+    uniform = torch.rand(n, dtype=torch.float64, generator=g)
+    values = gather_candidate_logits_reference(logits, rows_t, starts, widths, allow_tok, width)
+    assume(_cdf_margin(values, top_k, top_p, temperature, greedy, uniform) > 1e-5)
+    args = (rows_t, starts, widths, allow_tok, width, temperature, greedy, top_k, top_p, uniform)
+    got = backend.sample_candidates(logits.to(backend.device), *(a.to(backend.device) if isinstance(a, torch.Tensor) else a for a in args))
+    want = sample_candidates_reference(logits, *args)
+    assert got.dtype == torch.int64 and got.shape == (n,)
+    assert torch.equal(got.cpu(), want)
+    for i, s in enumerate(states):  # the contract: a candidate of the row (0 for a row without one)
+        assert int(got[i]) in (lists[s] if lists[s] else [0])
+

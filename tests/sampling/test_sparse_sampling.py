@@ -168,3 +168,106 @@ def test_sparse_layouts_refuse_logits_processors():
     layout = Layout(None, torch.zeros(1, 3), lambda c: c)
     with pytest.raises(ValueError, match="logits processors work on whole-vocabulary rows"):
         sample_layouts(Sampler(), [layout], md, 1)
+
+
+def test_sample_candidates_draws_the_masked_softmax(backend, assert_distribution):
+    """Uniforms spread over [0, 1): the fused draw is the inverse CDF of the filtered softmax of the
+    row's candidates, as sampling the masked full row (chi-square)."""
+    from logitgate.backends.reference import apply_top_k_top_p_reference
+
+    g = torch.Generator().manual_seed(2)
+    vocab, draws = 3000, 20000
+    allowed = sorted(torch.randperm(vocab, generator=g)[:700].tolist())
+    logits = torch.randn(1, vocab, generator=g) * 2
+    n = draws
+    rows = torch.zeros(n, dtype=torch.int64)
+    starts, widths = torch.zeros(n, dtype=torch.int64), torch.full((n,), len(allowed))
+    allow_tok = torch.tensor(allowed, dtype=torch.int32)
+    temperature, top_k, top_p = torch.full((n,), 0.8), torch.full((n,), 300), torch.full((n,), 0.9)
+    uniform = torch.rand(n, dtype=torch.float64, generator=g)
+    got = backend.sample_candidates(logits, rows, starts, widths, allow_tok, len(allowed), temperature, None, top_k, top_p, uniform)
+    masked = torch.full((1, vocab), float("-inf"))
+    masked[0, allowed] = logits[0, allowed] / 0.8
+    expected = apply_top_k_top_p_reference(masked, top_k[:1], top_p[:1]).softmax(-1)[0]
+    assert_distribution(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("f", FILTERS[:4], ids=[str(f) for f in FILTERS[:4]])
+def test_fused_draws_use_the_samplers_random_numbers(f):
+    """On CPU random rows over candidates take Backend.sample_candidates (structured/tree_candidates.py:
+    fused_plan): for the same seeds it draws the tokens the layouts + Sampler draw (the same
+    uniforms, per-request generators and the default one, in the same order), with dense rows in
+    the batch too; where a draw lands within rounding of a cumulative sum the two may differ."""
+    from logitgate.structured.tree_candidates import fused_plan, plan_tree_step, tree_layouts
+
+    g = torch.Generator().manual_seed(9)
+    seqs = [[int(t) for t in torch.randint(1, VOCAB, (3,), generator=g)] for _ in range(150)]
+    tree = TreeDFA.from_sequences(seqs, end_token_id=0, vocab_size=VOCAB, cache=False)
+    walks = [seqs[i][: i % 3] for i in range(24)]
+    states = torch.tensor([tree.walk(w) for w in walks])
+    logits = torch.randn(len(walks), VOCAB, generator=g) * 2
+    params = [SamplingParams(**f) if i % 5 else SamplingParams(temperature=0) for i in range(len(walks))]
+    agree = 0
+    for trial, fraction in enumerate([1.0, 0.3, 1.0, 0.3] * 5):
+        plan = plan_tree_step(tree, states, VOCAB, sparse_max_fraction=fraction)
+        outs = []
+        for fused in (True, False):
+            gens = {i: make_generator(1000 * trial + i) for i in range(len(walks)) if i % 3 == 1 and i % 5}
+            md = SamplingMetadata.from_params(params, generators=gens)
+            torch.manual_seed(trial)
+            if fused:
+                outs.append(fused_plan(Sampler(), plan, logits.clone(), md))
+            else:
+                outs.append(sample_layouts(Sampler(), tree_layouts(plan, logits.clone()), md, len(walks)).sampled_token_ids[:, 0].long())
+        agree += int(torch.equal(outs[0], outs[1]))
+        for i, s in enumerate(states.tolist()):
+            assert int(outs[0][i]) in tree.allowed(s)
+    assert agree >= 19
+    assert plan_tree_step(tree, states, VOCAB, sparse_max_fraction=0.3).dense is not None  # the mixed case was mixed
+
+
+@pytest.mark.parametrize("f", FILTERS[1:4], ids=[str(f) for f in FILTERS[1:4]])
+def test_mixed_dense_and_fused_rows_follow_the_masked_distribution(f, assert_distribution):
+    """A batch with wide rows (dense, the Sampler) and narrow ones (the fused draw): each row's
+    draws follow its masked distribution (chi-square)."""
+    g = torch.Generator().manual_seed(12)
+    wide = sorted((1 + torch.randperm(VOCAB - 1, generator=g)[:120]).tolist())
+    tree = TreeDFA.from_sequences([[t, wide[0]] for t in wide], end_token_id=0, vocab_size=VOCAB, cache=False)
+    row = torch.randn(VOCAB, generator=g) * 2
+    rows = 12000
+    states = torch.tensor([0 if i % 2 else tree.walk([wide[5]]) for i in range(rows)])
+    md = SamplingMetadata.from_params([SamplingParams(**f)] * rows)
+    torch.manual_seed(13)
+    out = sample_tree_step(Sampler(), row.expand(rows, -1).clone(), tree, states, md, sparse_max_fraction=0.3)[0][:, 0]
+    narrow_allowed = sorted(tree.allowed(int(states[0])))
+    assert_distribution(out[1::2], expected_probs(row, wide, f))
+    assert_distribution(out[0::2], expected_probs(row, narrow_allowed, f))
+
+
+
+def test_fused_draw_uses_prefetched_uniforms_once():
+    """One sparse group holding the batch draws with the uniforms prefetched for the step (as the
+    Sampler would), marks them used, and refuses them a second time."""
+    from logitgate.backends.base import NOISE_UNIFORM, SamplingNoise
+
+    g = torch.Generator().manual_seed(14)
+    allowed = sorted((1 + torch.randperm(VOCAB - 1, generator=g)[:40]).tolist())
+    tree = TreeDFA.from_sequences([[t] for t in allowed], end_token_id=0, vocab_size=VOCAB, cache=False)
+    logits = torch.randn(8, VOCAB, generator=g)
+    states = tree.initial_states(8)
+    uniform = torch.tensor([0.0, 0.999999, 0.5, 0.25, 0.75, 0.1, 0.9, 0.0], dtype=torch.float64)
+
+    def metadata():
+        md = SamplingMetadata.from_params([SamplingParams(temperature=1.0, top_p=0.9)] * 8)
+        md.noise = SamplingNoise(NOISE_UNIFORM, uniform.clone())
+        return md
+
+    md = metadata()
+    fused = sample_tree_step(Sampler(), logits.clone(), tree, states, md, sparse_max_fraction=1.0).sampled_token_ids
+    assert md.noise.consumed
+    columns = torch.tensor(allowed)
+    layouts = sample_layouts(Sampler(), [Layout(None, logits[:, allowed].clone(), lambda c: columns[c])], metadata(), 8)
+    assert torch.equal(fused, layouts.sampled_token_ids)
+    assert len(set(fused[:, 0].tolist())) > 3  # the uniforms decided the draws
+    with pytest.raises(ValueError, match="already used"):
+        sample_tree_step(Sampler(), logits.clone(), tree, states, md, sparse_max_fraction=1.0)

@@ -53,7 +53,8 @@ class CpuBackend(Backend):
             "argmax": "numba (integer-key maximum, vectorised; then the first equal element)",
             "random_sample": "inverse CDF, one float64 uniform per row (numba: block sums, then one block)",
             "tree_candidates": "numba (per row: gather its allowed logits, or fill -inf and put them back; greedy: "
-            "argmax over a gathered scratch row)",
+            "argmax over a gathered scratch row; random rows: one fused pass per stage over a gathered scratch "
+            "row: temperature, top-k, softmax, top-p, inverse CDF)",
             "fill_tree_bitmask": "torch reference (dense rows selected, sparse bits added with scatter_add)",
             "top_k_top_p": "numba (top-k: k-element heap, or bucket selection for k > 512; top-p: 4096-bucket probability histogram, one bucket sorted)",
         }
@@ -70,13 +71,23 @@ class CpuBackend(Backend):
 
         return gather_candidate_logits_cpu(logits, rows, starts, widths, allow_tok, width)
 
-    @_capped
+    # Not @_capped: small batches run a serial kernel, and setting numba's thread count twice per
+    # call cost more than a narrow tree's kernel; the parallel kernels cap themselves.
     def candidate_argmax(self, logits, rows, starts, widths, allow_tok, width) -> torch.Tensor:
         if logits.dtype != torch.float32 or logits.stride(-1) != 1:
             return super().candidate_argmax(logits, rows, starts, widths, allow_tok, width)
         from .tree_kernels import candidate_argmax_cpu
 
         return candidate_argmax_cpu(logits, rows, starts, widths, allow_tok, width)
+
+    fused_candidate_sampling = True
+
+    def sample_candidates(self, logits, rows, starts, widths, allow_tok, width, temperature, greedy, top_k, top_p, uniform):  # capped inside, as candidate_argmax
+        if logits.dtype != torch.float32 or logits.stride(-1) != 1:
+            return super().sample_candidates(logits, rows, starts, widths, allow_tok, width, temperature, greedy, top_k, top_p, uniform)
+        from .tree_kernels import sample_candidates_cpu
+
+        return sample_candidates_cpu(logits, rows, starts, widths, allow_tok, width, temperature, greedy, top_k, top_p, uniform)
 
     @_capped
     def keep_candidate_logits(self, logits, rows, starts, widths, allow_tok, width) -> None:

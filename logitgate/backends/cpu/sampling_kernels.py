@@ -5,6 +5,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 import torch
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
 # Tokens per block of the inverse-CDF draw: the first pass sums blocks, the second walks one block.
 _CDF_BLOCK = 2048
@@ -16,6 +19,38 @@ _BUCKET_SHIFT = 19
 _NUM_BUCKETS = 4096
 # Top-k buckets: the 12 high bits of a signed ordered key (sign, exponent, 3 mantissa bits).
 _KEY_SHIFT = 20
+
+
+# exp(x) for x <= 0 in float32 (Cephes' expf: x = k ln 2 + r, |r| <= ln 2 / 2, a degree-7
+# polynomial in r, times 2^k built from its bits): within 1 ulp of torch's vectorised exp, and
+# branch-free, so LLVM vectorises a loop of it (libm's expf is a call per value, 4-5x slower).
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI = np.float32(0.693359375)
+_LN2_LO = np.float32(-2.12194440e-4)
+_EXP_C = tuple(np.float32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1))
+# Below this, 2^k leaves the normal floats: the result is 0 (torch gives a denormal under 1.2e-38,
+# a probability no draw can reach); -inf gives exactly 0.
+_EXP_LOW = np.float32(-87.0)
+
+
+@intrinsic
+def _int32_bits_as_float32(typingctx, bits):  # pragma: no cover - compiled
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+@numba.njit(inline="always")
+def _exp_nonpositive(x):  # pragma: no cover - jitted
+    c0, c1, c2, c3, c4, c5 = _EXP_C
+    clamped = max(x, _EXP_LOW)
+    k = np.floor(clamped * _LOG2E + np.float32(0.5))
+    r = clamped - k * _LN2_HI - k * _LN2_LO
+    poly = ((((c0 * r + c1) * r + c2) * r + c3) * r + c4) * r + c5
+    poly = poly * r * r + r + np.float32(1.0)
+    value = poly * _int32_bits_as_float32((np.int32(k) + np.int32(127)) << np.int32(23))
+    return np.float32(0.0) if x < _EXP_LOW else value
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -52,46 +87,51 @@ def _fallback_token(row):  # pragma: no cover - jitted
     return chosen
 
 
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _inverse_cdf_row(row, u):  # pragma: no cover - jitted
+    """The first index whose cumulative probability exceeds u * total (the fallback token where the
+    total is not a finite positive number)."""
+    vocab = row.shape[0]
+    num_blocks = (vocab + _CDF_BLOCK - 1) // _CDF_BLOCK
+    sums = np.empty(num_blocks, np.float64)
+    total = 0.0
+    for b in range(num_blocks):
+        sums[b] = _block_sum(row, b * _CDF_BLOCK, min(vocab, (b + 1) * _CDF_BLOCK))
+        total += sums[b]
+    if not (0.0 < total < np.inf):  # NaN, inf or no mass: no distribution (reference.py)
+        return _fallback_token(row)
+    target = u * total
+    chosen = -1
+    last_positive = -1
+    before = 0.0
+    for b in range(num_blocks):
+        if before + sums[b] > target:
+            running = before
+            for i in range(b * _CDF_BLOCK, min(vocab, (b + 1) * _CDF_BLOCK)):
+                if row[i] > 0:
+                    last_positive = i
+                    running += row[i]
+                    if running > target:
+                        chosen = i
+                        break
+            break
+        before += sums[b]
+    if chosen < 0:
+        # Rounding put the target past the last running sum: take the last positive token
+        # seen (or of the row); a 1e-16-probability event, never a zero-probability token.
+        if last_positive < 0:
+            for i in range(vocab - 1, -1, -1):
+                if row[i] > 0:
+                    last_positive = i
+                    break
+        chosen = max(last_positive, 0)
+    return chosen
+
+
 @numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
 def _inverse_cdf_kernel(probs, u, out):  # pragma: no cover - jitted
-    vocab = probs.shape[1]
-    num_blocks = (vocab + _CDF_BLOCK - 1) // _CDF_BLOCK
     for r in numba.prange(probs.shape[0]):
-        row = probs[r]
-        sums = np.empty(num_blocks, np.float64)
-        total = 0.0
-        for b in range(num_blocks):
-            sums[b] = _block_sum(row, b * _CDF_BLOCK, min(vocab, (b + 1) * _CDF_BLOCK))
-            total += sums[b]
-        if not (0.0 < total < np.inf):  # NaN, inf or no mass: no distribution (reference.py)
-            out[r] = _fallback_token(row)
-            continue
-        target = u[r] * total
-        chosen = -1
-        last_positive = -1
-        before = 0.0
-        for b in range(num_blocks):
-            if before + sums[b] > target:
-                running = before
-                for i in range(b * _CDF_BLOCK, min(vocab, (b + 1) * _CDF_BLOCK)):
-                    if row[i] > 0:
-                        last_positive = i
-                        running += row[i]
-                        if running > target:
-                            chosen = i
-                            break
-                break
-            before += sums[b]
-        if chosen < 0:
-            # Rounding put the target past the last running sum: take the last positive token
-            # seen (or of the row); a 1e-16-probability event, never a zero-probability token.
-            if last_positive < 0:
-                for i in range(vocab - 1, -1, -1):
-                    if row[i] > 0:
-                        last_positive = i
-                        break
-            chosen = max(last_positive, 0)
-        out[r] = chosen
+        out[r] = _inverse_cdf_row(probs[r], u[r])
 
 
 def inverse_cdf_sample_cpu(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -170,24 +210,31 @@ def _kth_largest(row, bits, k):  # pragma: no cover - jitted
     return smallest
 
 
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _top_k_row(row, bits, k):  # pragma: no cover - jitted
+    # In place: keep the values >= the k-th largest (k <= 0 or >= the row's length keeps the row).
+    vocab = row.shape[0]
+    if k <= 0 or k >= vocab:
+        return
+    kth = _kth_largest(row, bits, k)
+    for i in range(vocab):
+        row[i] = -np.inf if row[i] < kth else row[i]  # branch-free, as in the top-p kernel
+
+
 @numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
 def _top_k_kernel(logits, bits, k):  # pragma: no cover - jitted
-    vocab = logits.shape[1]
     for r in numba.prange(logits.shape[0]):
-        kr = k[r]
-        if kr <= 0 or kr >= vocab:
-            continue
-        row = logits[r]
-        kth = _kth_largest(row, bits[r], kr)
-        for i in range(vocab):
-            row[i] = -np.inf if row[i] < kth else row[i]  # branch-free, as in the top-p kernel
+        _top_k_row(logits[r], bits[r], k[r])
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _top_p_row(lrow, prow, brow, top_p, mass, count):  # pragma: no cover - jitted
-    # mass and count are all zero on entry and are left all zero: a row clears the buckets it
-    # touched (not all 4096: on short rows, e.g. a tree's candidates, clearing 64 KB per row cost
-    # more than the row itself).
+def _top_p_threshold(prow, brow, top_p, mass, members):  # pragma: no cover - jitted
+    """The smallest probability top-p keeps (0.0: it keeps the row), from non-negative `prow`
+    (brow: its int32 bits) on any scale, `top_p` on the same scale. mass (the histogram) is all
+    zero on entry and left all zero; members: float32 scratch of at least len(prow)."""
+    # A row clears the buckets it touched (not all 4096: on short rows, e.g. a tree's candidates,
+    # clearing 32 KB per row cost more than the row itself). A bucket holds mass iff it holds a
+    # value (only values > 0 are counted), so no count is kept: one scattered update per value.
     vocab = prow.shape[0]
     top = -1
     for i in range(vocab):
@@ -195,46 +242,49 @@ def _top_p_row(lrow, prow, brow, top_p, mass, count):  # pragma: no cover - jitt
             continue
         b = brow[i] >> _BUCKET_SHIFT
         mass[b] += prow[i]
-        count[b] += 1
         top = max(top, b)
     # The bucket where the mass accumulated from the top first reaches top_p holds the cut:
     # higher buckets are kept whole, lower ones removed whole.
     above = 0.0
     boundary = -1
     for b in range(top, -1, -1):
-        if count[b] == 0:
+        if mass[b] == 0.0:
             continue
         if above + mass[b] >= top_p:
             boundary = b
             break
         above += mass[b]
-    size = count[boundary] if boundary >= 0 else 0
     if vocab * 4 < _NUM_BUCKETS:
         for i in range(vocab):
             if brow[i] > 0:
                 mass[brow[i] >> _BUCKET_SHIFT] = 0.0
-                count[brow[i] >> _BUCKET_SHIFT] = 0
     else:
-        mass[:] = 0.0
-        count[:] = 0
+        mass[: top + 1] = 0.0
     if boundary < 0:
-        return
-    members = np.empty(size, np.float32)
-    j = 0
+        return np.float32(0.0)
+    size = 0
     for i in range(vocab):
         if brow[i] > 0 and brow[i] >> _BUCKET_SHIFT == boundary:
-            members[j] = prow[i]
-            j += 1
-    members = np.sort(members)[::-1]
-    threshold = members[0]
+            members[size] = prow[i]
+            size += 1
+    ordered = np.sort(members[:size])[::-1]
+    threshold = ordered[0]
     i = 0
-    while i < members.shape[0] and above < top_p:
-        value = members[i]
+    while i < size and above < top_p:
+        value = ordered[i]
         threshold = value
-        while i < members.shape[0] and members[i] == value:  # a tie group shares its mass above
-            above += members[i]
+        while i < size and ordered[i] == value:  # a tie group shares its mass above
+            above += ordered[i]
             i += 1
-    for i in range(vocab):
+    return threshold
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _top_p_row(lrow, prow, brow, top_p, mass, members):  # pragma: no cover - jitted
+    threshold = _top_p_threshold(prow, brow, top_p, mass, members)
+    if threshold == 0.0:
+        return
+    for i in range(prow.shape[0]):
         # Branch-free selects: about 40% of a row goes, in no predictable order (a branch here
         # mispredicts and costs 2x the pass).
         drop = prow[i] < threshold
@@ -244,14 +294,14 @@ def _top_p_row(lrow, prow, brow, top_p, mass, count):  # pragma: no cover - jitt
 
 @numba.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
 def _top_p_kernel(logits, probs, bits, p, chunks):  # pragma: no cover - jitted
-    rows = logits.shape[0]
+    rows, vocab = logits.shape
     for c in numba.prange(chunks):
-        # One histogram per chunk of rows, reused row after row.
+        # One histogram and members scratch per chunk of rows, reused row after row.
         mass = np.zeros(_NUM_BUCKETS, np.float64)
-        count = np.zeros(_NUM_BUCKETS, np.int64)
+        members = np.empty(vocab, np.float32)
         for r in range(c, rows, chunks):
             if p[r] < 1.0:
-                _top_p_row(logits[r], probs[r], bits[r], p[r], mass, count)
+                _top_p_row(logits[r], probs[r], bits[r], p[r], mass, members)
 
 
 def apply_top_k_cpu(logits: torch.Tensor, k: torch.Tensor) -> None:
