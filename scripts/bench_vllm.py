@@ -118,14 +118,17 @@ def json_params(temperature: float, seed: int | None = None):
 
 
 def check(path: str) -> dict:
-    """The engine test's scenario (tests/vllm_engine): 16 requests, greedy, then
-    temperature 1 with per-request seeds; the outputs and the replacements' call counters."""
+    """The engine test's scenario (tests/vllm_engine): 16 requests, greedy, then temperature 1
+    with per-request seeds, then without; the outputs and the replacements' call counters."""
     llm = start_engine(path, max_num_seqs=16)
     texts = prompts()[:16]
     greedy = [list(o.outputs[0].token_ids) for o in llm.generate(texts, json_params(0.0), use_tqdm=False)]
     sampled = llm.generate(texts, [json_params(1.0, seed=i) for i in range(16)], use_tqdm=False)
     sampled_tokens = [list(o.outputs[0].token_ids) for o in sampled]
+    unseeded = llm.generate(texts, json_params(1.0), use_tqdm=False)  # sampled before their masks (sample_first)
     return {
+        "unseeded_json_valid": sum(_is_json(llm, list(o.outputs[0].token_ids)) for o in unseeded),
+        "unseeded_finished": sum(o.outputs[0].finish_reason == "stop" for o in unseeded),
         "greedy_outputs": greedy,
         "greedy_json_valid": sum(_is_json(llm, t) for t in greedy),
         "sampled_json_valid": sum(_is_json(llm, t) for t in sampled_tokens),

@@ -158,6 +158,11 @@ def run(scenario: str) -> dict:
         result["tree_json_string"], _ = generate(SamplingParams(
             max_tokens=MAX_TOKENS, temperature=0.0, extra_args={"tree_decode": json.dumps(tree)}))
         result["tree_sampled"], _ = generate(sampled({"tree_decode": tree}))
+        # Unseeded: these rows sample before their masks (the plugin's sample_first) and must still
+        # follow the tree-masked target distribution exactly.
+        result["distribution_samples"], result["distribution_s"] = generate(SamplingParams(
+            max_tokens=MAX_TOKENS, temperature=1.0, n=DISTRIBUTION_SAMPLES, extra_args={"tree_decode": tree}),
+            [{"prompt_token_ids": demo_prompt(DISTRIBUTION_HINT)}])
         result["trie"], _ = generate(SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, n=4, seed=3, extra_args={
             "token_trie": trie_payload(tokenizer), "end_token_id": tokenizer.eos_token_id}))
         errors = {}

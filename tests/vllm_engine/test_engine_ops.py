@@ -48,6 +48,10 @@ def test_engine_used_logitgate_kernels(runs):
     assert calls["vllm.v1.sample.ops.topk_topp_sampler.random_sample"] > 0
     # Every decode step's bitmask was filled while the model ran (fill_ahead.py).
     assert calls["vllm.v1.core.sched.scheduler.Scheduler.get_grammar_bitmask"] > 0
+    # Greedy and unseeded rows sampled before their masks (sample_first.py): rows left unfilled by
+    # the scheduler, and rows whose first token their grammar accepted.
+    assert calls["vllm.v1.structured_output.StructuredOutputManager.grammar_bitmask"] > 0
+    assert calls["vllm.v1.worker.gpu_model_runner.GPUModelRunner._sample"] > 0
     assert without["routed_calls"] == {}  # VLLM_PLUGINS= : logitgate never loaded
 
 
@@ -56,3 +60,4 @@ def test_sampled_outputs_valid_json(runs):
     # Every request that stopped (the grammar let it end) is valid JSON; the schema bounds strings
     # and arrays, so nearly all stop well before max_tokens.
     assert with_plugin["sampled_json_valid"] == with_plugin["sampled_finished"] >= 12
+    assert with_plugin["unseeded_json_valid"] == with_plugin["unseeded_finished"] >= 12

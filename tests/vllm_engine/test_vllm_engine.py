@@ -161,6 +161,19 @@ def test_tree_requests_are_constrained_and_free_ones_are_not(plain, demo):
     assert all(len(o) == 4 for o in plain["tree_sampled"])
 
 
+def test_unseeded_sampled_tree_paths_follow_the_tree_masked_distribution(plain, demo):
+    # Without speculative decoding these rows go through the plugin's sample_first (sample, then
+    # check, redraw a rejected row under its tree); the paths must follow the exact distribution.
+    from logitgate.models.demo import demo_prompt
+
+    from engine_scenarios import DISTRIBUTION_HINT, DISTRIBUTION_SAMPLES
+
+    tree, _, _ = demo
+    (samples,) = plain["distribution_samples"]
+    assert len(samples) == DISTRIBUTION_SAMPLES
+    assert_follows(samples, exact_tree_distribution(tree, demo_prompt(DISTRIBUTION_HINT)))
+
+
 def test_token_trie_requests(plain, speculative):
     from logitgate.models.demo import demo_tokenizer
 

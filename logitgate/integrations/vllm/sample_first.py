@@ -23,10 +23,11 @@ How it runs:
    their grammars, on the bitmask object the engine hands to the worker.
 2. The worker (`_sample`) samples the batch; `Sampler.sample` keeps a copy of those rows' logits
    as processed. Each grammar checks its row's token (`validate_tokens` does not advance it).
-3. A rejected row takes the first of its best tokens (greedy: by logit; sampled: by logit / T plus
-   fresh Gumbel noise, whose argmax over any set is an exact draw from it) that its grammar
-   accepts; where none of CANDIDATES is, or where xgrammar says the next characters are forced
-   (its fill is cheap there), the row's mask is filled and the masked argmax taken.
+3. A rejected row is settled under its grammar. Greedy: the first of its CANDIDATES best tokens
+   the grammar accepts. Sampled: fresh draws from its row without the tokens already rejected,
+   until the grammar accepts one (rejection sampling, at most ATTEMPTS draws). Where that finds
+   nothing, or where xgrammar says the next characters are forced (its fill is cheap there), the
+   row's mask is filled and the masked argmax or a masked draw taken.
 
 A deferred row must never reach a sampler that does not check it: the manager defers only while
 a model runner in its own process (vLLM's in-process executor: one worker) has sampled through
@@ -48,7 +49,7 @@ import torch
 from . import fill_threads
 
 __all__ = [
-    "DeferredRows", "greedy_again", "gumbel_keys", "grammar_bitmask_replacement", "row_can_sample_first", "sample_replacement",
+    "DeferredRows", "greedy_again", "random_again", "grammar_bitmask_replacement", "row_can_sample_first", "sample_replacement",
     "sample_tokens_replacement", "sampler_sample_replacement",
 ]
 
@@ -58,7 +59,9 @@ SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
 _runners: "weakref.WeakSet[Any]" = weakref.WeakSet()  # model runners that sampled in this process
 _DEFERRED_KEY = "_logitgate_deferred_rows"
 _BUILTIN_PROCESSORS = "vllm.v1.sample.logits_processor.builtin"
-CANDIDATES = 32  # best tokens a rejected row checks against its grammar before its mask is filled
+CANDIDATES = 32  # best tokens a rejected greedy row checks against its grammar before its mask is filled
+ATTEMPTS = 4  # draws a rejected sampled row checks against its grammar before its mask is filled
+RENORMALISE_BELOW = 2.0 ** -20  # a row's remaining mass below which its probabilities are recomputed
 
 
 class DeferredRows(np.ndarray):
@@ -211,7 +214,11 @@ def sampler_sample_replacement(original: Callable, name: str) -> Callable:
 
     def sample(self, logits, sampling_metadata, *args, **kwargs):
         if _stash.rows is not None:
-            _stash.logits = logits[_stash.rows].clone()
+            rows = _stash.rows
+            if sampling_metadata.all_greedy:  # vLLM's greedy path only reads the logits: no copy
+                _stash.logits = logits if rows == list(range(logits.shape[0])) else logits[rows]
+            else:  # the temperature divides them in place
+                _stash.logits = logits.clone() if rows == list(range(logits.shape[0])) else logits[rows]
             sample.routed_calls += 1
         return original(self, logits, sampling_metadata, *args, **kwargs)
 
@@ -263,15 +270,31 @@ def _fill_is_cheap(grammar: Any) -> bool:
     return matcher is not None and bool(matcher.find_jump_forward_string())
 
 
-def _fill_missing(chosen: list[int | None], rows: torch.Tensor, grammars: list[Any], width: int,
-                  pick: Callable[[torch.Tensor], list[int]]) -> list[int]:
-    """Rows still without a token get their mask filled and applied, then `pick` chooses."""
+def _allowed_ids(grammars: list[Any], width: int, vocab: int) -> list[torch.Tensor]:
+    """Each grammar's allowed token ids below `vocab` (ascending), from its filled bitmask; only
+    the bitmask's non-zero words are unpacked (a forced state allows a handful of tokens)."""
+    bitmask = _fill_masks(grammars, width)
+    pairs = (bitmask != 0).nonzero()  # (row, word), row-major
+    bits = ((bitmask[pairs[:, 0], pairs[:, 1]].unsqueeze(1) >> torch.arange(32, dtype=torch.int32)) & 1).nonzero()
+    ids = pairs[bits[:, 0], 1] * 32 + bits[:, 1]
+    rows = pairs[bits[:, 0], 0]
+    keep = ids < vocab
+    ids, rows = ids[keep], rows[keep]
+    return list(ids.split(torch.bincount(rows, minlength=len(grammars)).tolist()))
+
+
+def _fill_missing(chosen: list[int | None], values: torch.Tensor, grammars: list[Any], width: int,
+                  pick: Callable[[torch.Tensor], int]) -> list[int]:
+    """Rows still without a token: their masks are filled and `pick` chooses among their allowed
+    values (in ascending token order), so the cost follows what the grammar allows, not V."""
     missing = [i for i, token in enumerate(chosen) if token is None]
     if missing:
-        masked = rows[missing]
-        _mask_rows(masked, [(j, grammars[i]) for j, i in enumerate(missing)], width)
-        for i, token in zip(missing, pick(masked)):
-            chosen[i] = token
+        ids = _allowed_ids([grammars[i] for i in missing], width, values.shape[1])
+        for i, allowed in zip(missing, ids):
+            if allowed.numel() > 1:
+                chosen[i] = int(allowed[pick(values[i, allowed])])
+            else:  # one allowed token (a forced state); none: token 0, as an all -inf row gives
+                chosen[i] = int(allowed[0]) if allowed.numel() else 0
     return chosen  # type: ignore[return-value]
 
 
@@ -283,24 +306,53 @@ def greedy_again(logits: torch.Tensor, grammars: list[Any], width: int, search: 
     chosen: list[int | None] = [None] * len(grammars)
     looked = [i for i, wanted in enumerate(search) if wanted]
     if looked:
-        top = logits[looked].topk(min(candidates or CANDIDATES, logits.shape[1]), dim=1)
+        top = logits[looked].topk(min(CANDIDATES if candidates is None else candidates, logits.shape[1]), dim=1)
         for i, values, tokens in zip(looked, top.values.tolist(), top.indices.tolist()):
             chosen[i] = _first_allowed(grammars[i], values, tokens)
-    return _fill_missing(chosen, logits, grammars, width, lambda masked: masked.argmax(dim=1).tolist())
+    return _fill_missing(chosen, logits, grammars, width, lambda allowed: int(allowed.argmax()))
 
 
-def gumbel_keys(logits: torch.Tensor, temperatures: list[float]) -> torch.Tensor:
-    """logits / T + Gumbel noise, fresh: the argmax over any set of tokens is an exact draw from
-    softmax(logits / T) restricted to that set (the Gumbel-max trick), so `greedy_again` over these
-    keys draws from the masked distribution."""
-    noise = torch.rand_like(logits).clamp_(min=torch.finfo(logits.dtype).tiny).log_().neg_().log_().neg_()
-    return noise.add_(logits / torch.tensor(temperatures, dtype=logits.dtype).unsqueeze(1))
+def random_again(logits: torch.Tensor, temperatures: list[float], grammars: list[Any], width: int,
+                 search: list[bool], rejected: list[int], attempts: int | None = None) -> list[int]:
+    """A fresh draw from each row's distribution softmax(logits / T) restricted to what its grammar
+    allows (`logits` is consumed). `search` rows draw from the row without the tokens known to be
+    rejected (`rejected`, then every rejected draw) until the grammar accepts one, at most
+    `attempts` times: rejection sampling whose proposal only ever loses disallowed tokens, so the
+    first accepted draw is exact, and a model that put nearly all its mass on the rejected token is
+    not drawn from 1/p(A) times. Other rows, and rows out of attempts, draw once from their row
+    with the mask filled."""
+    from ...sampling.ops import random_sample  # logitgate's exact CPU draw (float64 sums, unnormalised rows)
+
+    scaled = logits.div_(torch.tensor(temperatures, dtype=logits.dtype).unsqueeze(1))
+    scaled[range(len(rejected)), rejected] = float("-inf")
+    probs = scaled.softmax(dim=1)
+    left = [1.0] * len(grammars)  # each row's mass not yet ruled out
+    chosen: list[int | None] = [None] * len(grammars)
+    pending = [i for i, wanted in enumerate(search) if wanted]
+    for _ in range(ATTEMPTS if attempts is None else attempts):
+        if not pending:
+            break
+        draws = random_sample(probs if len(pending) == len(grammars) else probs[pending]).tolist()
+        still = []
+        for i, token in zip(pending, draws):
+            if len(grammars[i].validate_tokens([token])) == 1:
+                chosen[i] = token
+                continue
+            left[i] -= float(probs[i, token])
+            probs[i, token] = 0.0
+            scaled[i, token] = float("-inf")
+            if left[i] < RENORMALISE_BELOW:  # what is left may have underflowed: softmax it again
+                probs[i] = scaled[i].softmax(dim=0)
+                left[i] = 1.0
+            still.append(i)
+        pending = still
+    return _fill_missing(chosen, scaled, grammars, width, lambda allowed: int(random_sample(allowed.softmax(dim=0)[None])[0]))
 
 
 def _choose_again(processed: torch.Tensor, rows: list[tuple[int, Any, float]], rejected: list[int],
-                  width: int) -> dict[int, int]:
+                  sampled: list[int], width: int) -> dict[int, int]:
     """Batch row -> token for the `rejected` entries of `rows` ((batch row, grammar, temperature),
-    in the order of `processed`'s rows)."""
+    in the order of `processed`'s rows); `sampled`: the batch's first draws."""
     picks = {}
     for greedy in (True, False):
         part = [i for i in rejected if (rows[i][2] < SAMPLING_EPS) == greedy]
@@ -308,8 +360,12 @@ def _choose_again(processed: torch.Tensor, rows: list[tuple[int, Any, float]], r
             continue
         grammars = [rows[i][1] for i in part]
         search = [not _fill_is_cheap(g) for g in grammars]
-        keys = processed[part] if greedy else gumbel_keys(processed[part], [rows[i][2] for i in part])
-        tokens = greedy_again(keys, grammars, width, search)
+        values = processed if len(part) == processed.shape[0] else processed[part]  # consumed below
+        if greedy:
+            tokens = greedy_again(values, grammars, width, search)
+        else:
+            temperatures, first = [rows[i][2] for i in part], [sampled[rows[i][0]] for i in part]
+            tokens = random_again(values, temperatures, grammars, width, search, first)
         picks.update((rows[i][0], token) for i, token in zip(part, tokens))
     return picks
 
@@ -344,7 +400,7 @@ def sample_replacement(original: Callable, name: str) -> Callable:
                 f"logitgate sample_first: {type(self.sampler).__name__} did not pass through Sampler.sample, so "
                 f"rows {[rows[i][0] for i in rejected]} cannot be drawn again under their grammars; "
                 "leave 'sample_first' out of LOGITGATE_VLLM_OPS with this sampler")
-        for row, token in _choose_again(processed, rows, rejected, width).items():
+        for row, token in _choose_again(processed, rows, rejected, sampled, width).items():
             output.sampled_token_ids[row, 0] = token
         return output
 
