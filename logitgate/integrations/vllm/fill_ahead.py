@@ -29,6 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from . import fill_threads
+from .replacements import mark_replacement
 
 __all__ = ["get_grammar_bitmask_replacement", "schedule_replacement"]
 
@@ -105,10 +106,7 @@ def schedule_replacement(original: Callable, name: str) -> Callable:
         return output
 
     setattr(schedule, _MARK, True)
-    schedule.__logitgate_original__ = original
-    schedule.__logitgate_name__ = name
-    schedule.routed_calls = 0  # batches whose fill started ahead
-    return schedule
+    return mark_replacement(schedule, original, name)  # routed_calls: batches whose fill started ahead
 
 
 def get_grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
@@ -122,7 +120,4 @@ def get_grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
         return original(self, scheduler_output)
 
     setattr(get_grammar_bitmask, _MARK, True)
-    get_grammar_bitmask.__logitgate_original__ = original
-    get_grammar_bitmask.__logitgate_name__ = name
-    get_grammar_bitmask.routed_calls = 0  # batches handed the bitmask filled ahead
-    return get_grammar_bitmask
+    return mark_replacement(get_grammar_bitmask, original, name)  # routed_calls: batches handed the bitmask filled ahead

@@ -24,6 +24,7 @@ __all__ = [
     "DEVICES_ENV",
     "XgrammarWithLogitgateApply",
     "ascend_rejection_sample_replacement",
+    "mark_replacement",
     "rejection_sample_replacement",
     "routed",
     "routed_devices",
@@ -61,7 +62,7 @@ def routed(tensor: torch.Tensor) -> bool:
     return ("npu" if kind == "privateuseone" else kind) in routed_devices()
 
 
-def _mark(replacement: Callable, original: Callable, name: str) -> Callable:
+def mark_replacement(replacement: Callable, original: Callable, name: str) -> Callable:
     """Record what a replacement stands in for (install() uses it to stay idempotent) and count its
     routed calls (tests and the benchmark check that the engine really used logitgate)."""
     replacement.__logitgate_original__ = original
@@ -116,7 +117,7 @@ def top_k_top_p_replacement(original: Callable, name: str) -> Callable:
         apply_top_k_top_p.routed_calls += 1
         return logitgate_top_k_top_p(logits, k, p)
 
-    return _mark(apply_top_k_top_p, original, name)
+    return mark_replacement(apply_top_k_top_p, original, name)
 
 
 def random_sample_replacement(original: Callable, name: str) -> Callable:
@@ -132,7 +133,7 @@ def random_sample_replacement(original: Callable, name: str) -> Callable:
         random_sample.routed_calls += 1
         return logitgate_random_sample(probs, generators or None)
 
-    return _mark(random_sample, original, name)
+    return mark_replacement(random_sample, original, name)
 
 
 def sampler_forward_replacement(original: Callable, name: str) -> Callable:
@@ -147,7 +148,7 @@ def sampler_forward_replacement(original: Callable, name: str) -> Callable:
         forward.routed_calls += 1
         return self.forward_native(logits, generators, k, p)
 
-    return _mark(forward, original, name)
+    return mark_replacement(forward, original, name)
 
 
 # ---- rejection sampling ----
@@ -171,7 +172,7 @@ def expand_batch_to_tokens_replacement(original: Callable, name: str) -> Callabl
         expanded = torch.repeat_interleave(x, counts, output_size=num_tokens)
         return torch.where(expanded == replace_from, torch.as_tensor(replace_to, dtype=x.dtype), expanded)
 
-    return _mark(expand_batch_to_tokens, original, name)
+    return mark_replacement(expand_batch_to_tokens, original, name)
 
 
 def _greedy_flags(sampling_metadata) -> torch.Tensor | None:
@@ -242,7 +243,7 @@ def rejection_sample_replacement(original: Callable, name: str) -> Callable:
             draft_token_ids, num_draft_tokens, max_spec_len, draft_probs, target_logits, bonus_token_ids, sampling_metadata
         )
 
-    return _mark(rejection_sample, original, name)
+    return mark_replacement(rejection_sample, original, name)
 
 
 def ascend_rejection_sample_replacement(original: Callable, name: str, ascend_config: Callable) -> Callable:
@@ -287,4 +288,4 @@ def ascend_rejection_sample_replacement(original: Callable, name: str, ascend_co
             draft_token_ids, num_draft_tokens, max_spec_len, draft_probs, target, bonus_token_ids, sampling_metadata
         )
 
-    return _mark(rejection_sample, original, name)
+    return mark_replacement(rejection_sample, original, name)

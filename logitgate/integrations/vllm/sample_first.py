@@ -37,7 +37,6 @@ min-p) fills every deferred row before sampling, as vLLM would.
 """
 from __future__ import annotations
 
-import logging
 import threading
 import weakref
 from collections.abc import Callable
@@ -47,13 +46,12 @@ import numpy as np
 import torch
 
 from . import fill_threads
+from .replacements import mark_replacement
 
 __all__ = [
     "DeferredRows", "greedy_again", "random_again", "grammar_bitmask_replacement", "row_can_sample_first", "sample_replacement",
     "sample_tokens_replacement", "sampler_sample_replacement",
 ]
-
-logger = logging.getLogger("vllm.logitgate.sample_first")
 
 SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
 _runners: "weakref.WeakSet[Any]" = weakref.WeakSet()  # model runners that sampled in this process
@@ -79,13 +77,6 @@ class DeferredRows(np.ndarray):
     def __array_finalize__(self, obj: Any) -> None:
         # Slices and copies are plain bitmask rows: only the object the manager returned defers.
         self.deferred = {}
-
-
-def _mark(replacement: Callable, original: Callable, name: str) -> Callable:
-    replacement.__logitgate_original__ = original
-    replacement.__logitgate_name__ = name
-    replacement.routed_calls = 0
-    return replacement
 
 
 # ---- scheduler side: which rows to leave unfilled ----
@@ -158,7 +149,7 @@ def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
         grammar_bitmask.routed_calls += len(deferred)
         return DeferredRows.wrap(bitmask, deferred)
 
-    return _mark(grammar_bitmask, original, name)
+    return mark_replacement(grammar_bitmask, original, name)
 
 
 # ---- worker side: sample, check, choose again among the rejected rows' best tokens ----
@@ -183,7 +174,7 @@ def sample_tokens_replacement(original: Callable, name: str) -> Callable:
         finally:
             self.__dict__.pop(_DEFERRED_KEY, None)
 
-    return _mark(sample_tokens, original, name)
+    return mark_replacement(sample_tokens, original, name)
 
 
 def _random_rows_exact(input_batch: Any) -> bool:
@@ -222,7 +213,7 @@ def sampler_sample_replacement(original: Callable, name: str) -> Callable:
             sample.routed_calls += 1
         return original(self, logits, sampling_metadata, *args, **kwargs)
 
-    return _mark(sample, original, name)
+    return mark_replacement(sample, original, name)
 
 
 def _fill_masks(rows: list[Any], width: int) -> torch.Tensor:
@@ -404,4 +395,4 @@ def sample_replacement(original: Callable, name: str) -> Callable:
             output.sampled_token_ids[row, 0] = token
         return output
 
-    return _mark(_sample, original, name)
+    return mark_replacement(_sample, original, name)
