@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..backends import Backend, backend_for_tensor
-from ..backends.reference import num_bitmask_words, pack_bitmask, unpack_bitmask
+from ..backends.reference import BITS_PER_WORD, num_bitmask_words, pack_bitmask, unpack_bitmask
 from ..checks import as_index, as_positive_int, as_token_id, is_integer
 
 __all__ = [
@@ -98,8 +98,15 @@ def token_ids_from_bitmask(bitmask: torch.Tensor, vocab_size: int) -> list[list[
     if not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32 or bitmask.dim() not in (1, 2):
         raise ValueError(f"bitmask must be a 1-D or 2-D int32 tensor, got {_describe(bitmask)}")
     rows = bitmask.reshape(-1, bitmask.shape[-1]).cpu()
-    allowed = unpack_bitmask(rows, vocab_size)
-    return [torch.nonzero(r).flatten().tolist() for r in allowed]
+    # Only the non-zero words are unpacked: a constrained row often allows a handful of tokens.
+    pairs = (rows != 0).nonzero()  # (row, word), row-major
+    shifts = torch.arange(BITS_PER_WORD, dtype=torch.int32)
+    bits = ((rows[pairs[:, 0], pairs[:, 1]].unsqueeze(1) >> shifts) & 1).nonzero()  # (pair, bit)
+    ids = pairs[bits[:, 0], 1] * BITS_PER_WORD + bits[:, 1]
+    row_of = pairs[bits[:, 0], 0]
+    keep = ids < vocab_size
+    ids, row_of = ids[keep], row_of[keep]
+    return [part.tolist() for part in ids.split(torch.bincount(row_of, minlength=rows.shape[0]).tolist())]
 
 
 def _rows_tensor(indices, limit: int, device: torch.device) -> torch.Tensor:

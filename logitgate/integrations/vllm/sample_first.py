@@ -139,12 +139,12 @@ def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
         }
         if not deferred:
             return original(self, requests, structured_output_request_ids, scheduled_spec_decode_tokens)
-        filled_ids = [req_id for req_id in structured_output_request_ids if req_id not in deferred]
-        filled = original(self, requests, filled_ids, scheduled_spec_decode_tokens) if filled_ids else None
+        rows = [i for i, req_id in enumerate(structured_output_request_ids) if req_id not in deferred]
+        filled_ids = [structured_output_request_ids[i] for i in rows]
+        filled = original(self, requests, filled_ids, scheduled_spec_decode_tokens) if rows else None
         width = filled.shape[1] if filled is not None else self.backend.allocate_token_bitmask(1).shape[1]
         bitmask = np.full((len(structured_output_request_ids), width), -1, dtype=np.int32)
         if filled is not None:
-            rows = [i for i, req_id in enumerate(structured_output_request_ids) if req_id not in deferred]
             bitmask[rows] = filled
         grammar_bitmask.routed_calls += len(deferred)
         return DeferredRows.wrap(bitmask, deferred)
@@ -205,11 +205,10 @@ def sampler_sample_replacement(original: Callable, name: str) -> Callable:
 
     def sample(self, logits, sampling_metadata, *args, **kwargs):
         if _stash.rows is not None:
-            rows = _stash.rows
-            if sampling_metadata.all_greedy:  # vLLM's greedy path only reads the logits: no copy
-                _stash.logits = logits if rows == list(range(logits.shape[0])) else logits[rows]
-            else:  # the temperature divides them in place
-                _stash.logits = logits.clone() if rows == list(range(logits.shape[0])) else logits[rows]
+            every_row = _stash.rows == list(range(logits.shape[0]))
+            kept = logits if every_row else logits[_stash.rows]  # a list index copies
+            # vLLM's greedy path only reads the logits; otherwise the temperature divides them in place.
+            _stash.logits = kept.clone() if every_row and not sampling_metadata.all_greedy else kept
             sample.routed_calls += 1
         return original(self, logits, sampling_metadata, *args, **kwargs)
 
@@ -261,31 +260,21 @@ def _fill_is_cheap(grammar: Any) -> bool:
     return matcher is not None and bool(matcher.find_jump_forward_string())
 
 
-def _allowed_ids(grammars: list[Any], width: int, vocab: int) -> list[torch.Tensor]:
-    """Each grammar's allowed token ids below `vocab` (ascending), from its filled bitmask; only
-    the bitmask's non-zero words are unpacked (a forced state allows a handful of tokens)."""
-    bitmask = _fill_masks(grammars, width)
-    pairs = (bitmask != 0).nonzero()  # (row, word), row-major
-    bits = ((bitmask[pairs[:, 0], pairs[:, 1]].unsqueeze(1) >> torch.arange(32, dtype=torch.int32)) & 1).nonzero()
-    ids = pairs[bits[:, 0], 1] * 32 + bits[:, 1]
-    rows = pairs[bits[:, 0], 0]
-    keep = ids < vocab
-    ids, rows = ids[keep], rows[keep]
-    return list(ids.split(torch.bincount(rows, minlength=len(grammars)).tolist()))
-
-
 def _fill_missing(chosen: list[int | None], values: torch.Tensor, grammars: list[Any], width: int,
                   pick: Callable[[torch.Tensor], int]) -> list[int]:
     """Rows still without a token: their masks are filled and `pick` chooses among their allowed
-    values (in ascending token order), so the cost follows what the grammar allows, not V."""
+    values (in ascending token order; the ids come from the bitmask's non-zero words), so the cost
+    follows what the grammar allows, not V."""
+    from ...structured.bitmask import token_ids_from_bitmask  # loaded after vLLM's worker started
+
     missing = [i for i, token in enumerate(chosen) if token is None]
     if missing:
-        ids = _allowed_ids([grammars[i] for i in missing], width, values.shape[1])
-        for i, allowed in zip(missing, ids):
-            if allowed.numel() > 1:
-                chosen[i] = int(allowed[pick(values[i, allowed])])
+        bitmask = _fill_masks([grammars[i] for i in missing], width)
+        for i, allowed in zip(missing, token_ids_from_bitmask(bitmask, values.shape[1])):
+            if len(allowed) > 1:
+                chosen[i] = allowed[pick(values[i, allowed])]
             else:  # one allowed token (a forced state); none: token 0, as an all -inf row gives
-                chosen[i] = int(allowed[0]) if allowed.numel() else 0
+                chosen[i] = allowed[0] if allowed else 0
     return chosen  # type: ignore[return-value]
 
 
