@@ -224,7 +224,8 @@ def draw_sampling_noise(
     return chosen.draw_sampling_noise(batch_size, vocab_size, as_generator_dict(generators, batch_size, chosen.device))
 
 
-def _check_noise(noise: SamplingNoise, probs: torch.Tensor, backend: Backend) -> None:
+def check_noise(noise: SamplingNoise, probs: torch.Tensor, backend: Backend) -> None:
+    """ValueError unless `noise` (from draw_sampling_noise) is unused and fits probs (B, V) on backend."""
     if not isinstance(noise, SamplingNoise):
         raise ValueError(f"noise must come from draw_sampling_noise, got {type(noise).__name__}")
     if noise.consumed:
@@ -258,7 +259,7 @@ def random_sample(
     chosen = backend_for_tensor(probs, backend)
     rows = as_generator_dict(generators, probs.shape[0], probs.device)
     if noise is not None:
-        _check_noise(noise, probs, chosen)
+        check_noise(noise, probs, chosen)
         noise.consumed = True
     if probs.shape[0] == 0:
         return torch.empty(0, dtype=torch.int64, device=probs.device)

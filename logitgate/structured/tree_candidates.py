@@ -399,6 +399,7 @@ def fused_plan(sampler, plan: TreeStepPlan, logits: torch.Tensor, metadata) -> t
     their own generators, or the default one, in layout order, dense rows first), with each sparse
     group drawn by Backend.sample_candidates instead of gathered and run through the Sampler's ops.
     Dense rows (masked in place) take the Sampler."""
+    from ..backends import backend_for_tensor
     from ..backends.reference import draw_uniforms
     from ..sampling.ops import check_logits, check_top_p_values
     from ..sampling.params import SAMPLING_EPS
@@ -429,31 +430,28 @@ def fused_plan(sampler, plan: TreeStepPlan, logits: torch.Tensor, metadata) -> t
         if group.row_list == everything:
             # One layout holds the batch: the sampler would draw it with the metadata as given,
             # prefetched uniforms included.
-            uniform = _take_uniform_noise(metadata.noise, batch)
+            uniform = _take_uniform_noise(metadata.noise, logits, backend_for_tensor(logits, sampler.backend))
             if uniform is None:
                 uniform = draw_uniforms(batch, metadata.generators, logits.device)
             return group.sample(logits, temperature, greedy, metadata.top_k, metadata.top_p, uniform)
-        # The generators of the group's rows at their positions in it (sampling.sparse.select_rows).
-        position = {row: i for i, row in enumerate(group.row_list)}
-        generators = {position[r]: g for r, g in metadata.generators.items() if r in position}
-        uniform = draw_uniforms(len(group.row_list), generators, logits.device)
-        index = group.rows.to(logits.device)
-        pick = lambda t: None if t is None else t.index_select(0, index)  # noqa: E731
-        drawn = group.sample(logits, pick(temperature), pick(greedy), pick(metadata.top_k), pick(metadata.top_p), uniform)
-        tokens.index_copy_(0, index, drawn)
+        # The group's rows as sample_layouts hands them to the Sampler: their per-row values and
+        # their generators at their positions in the group.
+        part = select_rows(metadata, group.row_list, logits.device)
+        uniform = draw_uniforms(len(group.row_list), part.generators, logits.device)
+        part_greedy = None if greedy is None else part.temperature < SAMPLING_EPS
+        drawn = group.sample(logits, part.temperature, part_greedy, part.top_k, part.top_p, uniform)
+        tokens.index_copy_(0, group.rows.to(logits.device), drawn)
     return tokens
 
 
-def _take_uniform_noise(noise, batch: int) -> torch.Tensor | None:
-    """The prefetched uniforms of a whole-batch draw (marked used), or None when none were drawn."""
-    from ..backends.base import NOISE_UNIFORM
+def _take_uniform_noise(noise, logits: torch.Tensor, backend) -> torch.Tensor | None:
+    """The prefetched uniforms of a whole-batch draw (checked as random_sample checks them, then
+    marked used), or None when none were drawn. `backend` draws with uniform noise (_fused_draws)."""
+    from ..sampling.ops import check_noise
 
     if noise is None:
         return None
-    if noise.consumed:
-        raise ValueError("noise was already used by a random_sample call; draw new noise for each step")
-    if noise.kind != NOISE_UNIFORM or noise.shape != (batch,):
-        raise ValueError(f"noise is {noise.kind!r} of shape {noise.shape}; this step draws one uniform per row ({batch},)")
+    check_noise(noise, logits, backend)
     noise.consumed = True
     return noise.values
 
