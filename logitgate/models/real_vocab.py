@@ -48,56 +48,83 @@ def _check_name(name: str) -> str:
     return VOCABS[name]
 
 
+def _download_command(folder: Path) -> list[str]:
+    # Build isolation stays on: pip reads an sdist's metadata through its build backend
+    # (scikit-build-core here), which it then fetches into a throw-away environment itself; with
+    # isolation off it must already be importable, which a fresh environment never has.
+    return [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+            f"{SDIST_PACKAGE}=={SDIST_VERSION}", "-d", str(folder)]
+
+
 def _sdist_path() -> Path:
     folder = cache_dir() / "sdist"
-    found = sorted(folder.glob(f"llama_cpp_python-{SDIST_VERSION}.tar.gz"))
+    pattern = f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
+    found = sorted(folder.glob(pattern))
     if found:
         return found[0]
     folder.mkdir(parents=True, exist_ok=True)
     logger.info("downloading %s==%s (source distribution, ~75 MB) for its GGUF vocabularies", SDIST_PACKAGE, SDIST_VERSION)
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-           "--no-build-isolation", f"{SDIST_PACKAGE}=={SDIST_VERSION}", "-d", str(folder)]
+    cmd = _download_command(folder)
     done = subprocess.run(cmd, capture_output=True, text=True)
-    found = sorted(folder.glob(f"llama_cpp_python-{SDIST_VERSION}.tar.gz"))
+    found = sorted(folder.glob(pattern))
     if not found:
         raise RuntimeError(
-            f"could not download {SDIST_PACKAGE}=={SDIST_VERSION} from the package registry "
-            f"(pip exit {done.returncode}): {done.stderr.strip()[-500:]}"
+            f"could not download {SDIST_PACKAGE}=={SDIST_VERSION} from the package registry into "
+            f"{folder} (pip exit {done.returncode}): {done.stderr.strip()[-500:]}\n"
+            f"retry with: {' '.join(cmd)}"
         )
     return found[0]
 
 
+def _discard(path: Path, why: BaseException) -> None:
+    """Drop a cached file or folder that cannot be read, so the next step rebuilds it."""
+    logger.warning("cached %s is unreadable (%s: %s); rebuilding it", path, type(why).__name__, why)
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _extract(name: str, target: Path) -> None:
+    member = f"llama_cpp_python-{SDIST_VERSION}/{_MEMBER_DIR}/{VOCABS[name]}"
+    sdist = _sdist_path()
+    try:
+        with tarfile.open(sdist) as archive:
+            source = archive.extractfile(member)
+            if source is None:
+                raise RuntimeError(f"{member} is not a file in {sdist}")
+            data = source.read()
+    except (tarfile.TarError, EOFError, OSError) as exc:  # truncated or corrupted download
+        _discard(sdist, exc)
+        raise RuntimeError(f"{sdist} is corrupted ({exc}); it was removed, the next call downloads it again") from exc
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.part{os.getpid()}")
+    partial.write_bytes(data)
+    partial.replace(target)  # atomic: a concurrent reader never sees half a file
+
+
 def gguf_vocab_file(name: str) -> Path:
     """The GGUF vocabulary file of `name` (see VOCABS), extracted into the cache on first use."""
-    filename = _check_name(name)
-    target = cache_dir() / "gguf" / filename
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    member = f"llama_cpp_python-{SDIST_VERSION}/{_MEMBER_DIR}/{filename}"
-    with tarfile.open(_sdist_path()) as archive:
-        source = archive.extractfile(member)
-        if source is None:
-            raise RuntimeError(f"{member} is not a file in the {SDIST_PACKAGE} source distribution")
-        partial = target.with_suffix(".part")
-        partial.write_bytes(source.read())
-        partial.replace(target)  # atomic: a concurrent reader never sees half a file
+    _check_name(name)
+    target = cache_dir() / "gguf" / VOCABS[name]
+    if not target.exists():
+        _extract(name, target)
     return target
 
 
-def load_tokenizer(name: str) -> Any:
-    """A Hugging Face tokenizer (PreTrainedTokenizerFast) for a real vocabulary, offline.
-
-    The first call converts the GGUF file (needs `gguf`) and saves the result under the cache; later
-    calls load the saved tokenizer."""
-    _check_name(name)
+def _convert(name: str, saved: Path) -> Any:
     from transformers import AutoTokenizer
 
-    saved = cache_dir() / "tokenizers" / name
-    if (saved / "tokenizer.json").exists():
-        return AutoTokenizer.from_pretrained(str(saved))
     gguf = gguf_vocab_file(name)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except Exception as exc:  # a truncated GGUF file: struct.error, ValueError, ... from the reader
+        _discard(gguf, exc)
+        gguf = gguf_vocab_file(name)  # extracted again from the source distribution
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        except Exception as again:
+            raise RuntimeError(f"cannot read the GGUF vocabulary {gguf}: {again}") from again
     partial = saved.with_name(f"{name}.part{os.getpid()}")
     tokenizer.save_pretrained(str(partial))
     if saved.exists():  # another process saved it first: keep theirs, drop this copy
@@ -105,3 +132,21 @@ def load_tokenizer(name: str) -> Any:
     else:
         partial.rename(saved)
     return tokenizer
+
+
+def load_tokenizer(name: str) -> Any:
+    """A Hugging Face tokenizer (PreTrainedTokenizerFast) for a real vocabulary, offline.
+
+    The first call converts the GGUF file (needs `gguf`) and saves the result under the cache; later
+    calls load the saved tokenizer. A cached file that cannot be read (a truncated write, a full
+    disk) is removed and rebuilt once, with a warning naming it."""
+    _check_name(name)
+    from transformers import AutoTokenizer
+
+    saved = cache_dir() / "tokenizers" / name
+    if (saved / "tokenizer.json").exists():
+        try:
+            return AutoTokenizer.from_pretrained(str(saved))
+        except Exception as exc:  # JSONDecodeError and friends from a damaged save
+            _discard(saved, exc)
+    return _convert(name, saved)
