@@ -9,7 +9,6 @@ import threading
 import torch
 
 from .base import Backend, Capabilities
-from .cpu import CpuBackend
 from .detect import Probe, probe_cuda, probe_npu, reset_probes
 
 __all__ = [
@@ -76,6 +75,8 @@ def _detect() -> str:
 
 def _build(key: str) -> Backend:
     if key == "cpu":
+        from .cpu import CpuBackend  # numba loads here, not when a GPU backend's kernels do
+
         return CpuBackend()
     if key == "npu-emulated":
         from .emulated import EmulatedNpuBackend

@@ -9,13 +9,11 @@ from .base import Backend, Capabilities
 from .reference import apply_token_bitmask_reference
 from .triton.rejection_launch import TritonRejectionMixin
 from .triton.tree_launch import TritonTreeMixin
+from .torch_kernels import apply_top_k_top_p_torch
 
 CUDA_BITMASK_BLOCK = 4096
 CUDA_REJECTION_BLOCK = 4096  # vocabulary tile of the per-request rejection kernels
 CUDA_TREE_BLOCK = 1024  # candidates (or bitmask words, or -inf columns) per tree-kernel tile
-from .torch_kernels import apply_top_k_top_p_torch
-
-CUDA_BITMASK_BLOCK = 4096
 CUDA_TOP_K_TOP_P_BLOCK = 4096
 # One program per row: below this many rows the bisection kernel leaves the GPU mostly idle and a
 # segmented sort of a few rows is cheap anyway.

@@ -22,7 +22,6 @@ from .triton.launch import ascend_grid_and_block, ascend_vocab_tile
 from .triton.rejection_launch import TritonRejectionMixin
 from .triton.tree_launch import TritonTreeMixin
 from .torch_kernels import apply_top_k_top_p_torch
-from .triton.launch import ascend_vocab_tile
 
 logger = logging.getLogger(__name__)
 

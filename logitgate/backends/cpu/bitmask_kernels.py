@@ -26,18 +26,14 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from ..float_bits import NEG_INF_BITS
+
 # Words of the bitmask per parallel work item (4096 tokens): a 128k-token row spreads over all
 # cores, and scheduling overhead stays negligible.
 _CHUNK_WORDS = 128
 # Up to this many bitmask words in total (131k tokens) the serial kernel is as fast or faster.
 _SERIAL_MAX_WORDS = 4096
 
-NEG_INF_BITS = {
-    torch.float32: np.int32(np.float32(-np.inf).view(np.int32)),
-    torch.float16: np.int16(np.float16(-np.inf).view(np.int16)),
-    torch.bfloat16: np.int16(-128),  # 0xFF80: sign 1, exponent all ones, mantissa 0
-}
-INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
 
 
 @intrinsic

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..cpu.bitmask_kernels import INT_VIEW, NEG_INF_BITS
+from ..float_bits import INT_VIEW, NEG_INF_BITS
 
 
 @triton.jit

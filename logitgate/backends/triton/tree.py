@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..cpu.bitmask_kernels import INT_VIEW, NEG_INF_BITS
+from ..float_bits import INT_VIEW, NEG_INF_BITS
 
 # Bytes one lane of a tile holds (column and token indices, the value, predicates): sizes Ascend
 # tiles for the 192 KB unified buffer (launch.ascend_vocab_tile).
