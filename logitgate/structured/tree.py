@@ -36,7 +36,6 @@ from .tree_loaders import (
     parse_sequences,
     parse_token_trie,
     quote_key,
-    quote_list,
     read_json_source,
     tokenize_strings,
 )
@@ -175,7 +174,7 @@ class TreeDFA:
                 logger.warning(
                     "prefix dict: %d of %d keys can never be reached (other start token, a missing "
                     "intermediate key, or a token after the end token), e.g. %s",
-                    graph.info["unreachable_keys"], graph.info["keys"], quote_list(graph.info["unreachable_examples"]),
+                    graph.info["unreachable_keys"], graph.info["keys"], graph.info["unreachable_examples"],
                 )
             compiled = opts.compile(graph, spec.end_token_id)
             compiled.info.update(start_token_id=spec.start_token_id, sep=spec.sep)

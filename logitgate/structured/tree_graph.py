@@ -143,7 +143,8 @@ def prefix_dict_graph(spec: PrefixDictSpec, max_examples: int = 5) -> TreeGraph:
     token when the list is empty or the key is absent (the root, when the start key is missing).
     A key ending in the end token is a frozen state that allows its own candidates.
     Keys that cannot be reached (other start token, a missing intermediate key, a token after the
-    end token) are dropped and counted."""
+    end token) are dropped and counted; info["unreachable_examples"] quotes the first
+    `max_examples` of them, each cut by quote_key (logs and the CLI print them)."""
     end = spec.end_token_id
     n_keys = len(spec.keys)
     lengths = np.diff(spec.part_offsets)

@@ -143,7 +143,7 @@ def quote_key(text: Any) -> str:
 
 def quote_list(texts: Sequence[Any], limit: int = 5) -> str:
     """Up to `limit` of `texts`, each quoted by quote_key, and how many more there are."""
-    shown = ", ".join(repr(quote_key(t)) for t in texts[:limit])
+    shown = ", ".join(repr(quote_key(t)) if isinstance(t, str) else short_repr(t) for t in texts[:limit])
     more = f", ... ({len(texts) - limit} more)" if len(texts) > limit else ""
     return f"[{shown}{more}]"
 
