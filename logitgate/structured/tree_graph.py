@@ -109,7 +109,7 @@ def build_trie(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tup
     parent, token, depth = (np.empty(total + 1, np.int64) for _ in range(3))
     walk_node = np.empty(total, np.int64)
     seq_node = np.empty(len(starts), np.int64)
-    bits = max(4, (2 * total).bit_length())  # a table over twice the tokens: short probes
+    bits = max(4, (total + total // 2).bit_length())  # a table at most 2/3 full: short probes
     n = insert_sequences(flat, starts, lengths, bits, parent, token, depth, walk_node, seq_node)
     parent, token, depth = parent[:n], token[:n], depth[:n]
     # Breadth first, children by token: the children of node v sorted by (v, token) in CSR form.
