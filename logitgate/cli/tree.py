@@ -36,7 +36,7 @@ def inspect_file(
 ) -> dict[str, Any]:
     """{"file", "format", "trees": [{"name", "errors", "stats"}]}; raises ValueError when the file
     cannot be read or its format needs an option that is missing."""
-    from ..structured.tree_limits import TreeLimits
+    from ..tree_limits import TreeLimits
     from ..structured.tree_loaders import check_vocab_size, load_json, prefix_dict_problems
 
     check_vocab_size(vocab_size)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..checks import short_repr
-from .tree_limits import ENV_MAX_BYTES, TreeLimits, TreeTooLarge
+from ..tree_limits import ENV_MAX_BYTES, TreeLimits, TreeTooLarge
 
 INT32_MAX = 2**31 - 1
 DEFAULT_SEP = "_"

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from logitgate import TreeDFA
 from logitgate.structured.tree_graph import build_trie
-from logitgate.structured.tree_limits import TreeLimits
+from logitgate.tree_limits import TreeLimits
 
 NO_LIMITS = TreeLimits(1 << 40, 1 << 40, 1 << 40)
 

@@ -15,6 +15,8 @@ in the vLLM plugin) names the limit, the value and the variable that sets it.
 Values are integers (bytes for the byte settings); the environment is read when a tree is built
 (limits) or when the cache is first used (cache bound). `check_environment()` reads them all, so a
 server can fail at start-up on a malformed value instead of on its first request.
+
+Import-light (the standard library only): vLLM's plugin and front end may import it at start-up.
 """
 from __future__ import annotations
 
