@@ -36,8 +36,8 @@ def inspect_file(
 ) -> dict[str, Any]:
     """{"file", "format", "trees": [{"name", "errors", "stats"}]}; raises ValueError when the file
     cannot be read or its format needs an option that is missing."""
-    from ..tree_limits import TreeLimits
     from ..structured.tree_loaders import check_vocab_size, load_json, prefix_dict_problems
+    from ..tree_limits import TreeLimits
 
     check_vocab_size(vocab_size)
     # The operator's byte limit (LOGITGATE_TREE_MAX_BYTES) applies here as when serving the tree.

@@ -45,7 +45,7 @@ def test_bytes_limit_refuses_text_before_parsing(monkeypatch):
 def test_bytes_limit_reads_a_file_no_further(tmp_path, monkeypatch):
     path = tmp_path / "tree.json"
     path.write_text(json.dumps(PREFIX_DICT) + " " * 5000)
-    with pytest.raises(TreeTooLarge, match=rf"prefix dict config file .* is too large: 5\d\d\d bytes .*limit of 1024"):
+    with pytest.raises(TreeTooLarge, match=r"prefix dict config file .* is too large: 5\d\d\d bytes .*limit of 1024"):
         TreeDFA.from_prefix_dict(path, cache=False, limits=TreeLimits(max_bytes=1024))
     monkeypatch.setenv(ENV_MAX_BYTES, "1024")
     with pytest.raises(TreeTooLarge):
