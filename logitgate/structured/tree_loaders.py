@@ -177,8 +177,9 @@ def _key_part_problem(part: str, vocab_size: int | None) -> str | None:
 
 
 def check_vocab_size(vocab_size: int | None) -> None:
-    if vocab_size is not None and (not _is_int(vocab_size) or vocab_size <= 0):
-        raise ValueError(f"vocab_size must be a positive integer or None, got {vocab_size!r}")
+    # Token ids are int32: a larger vocabulary would only size bitmasks no tensor can hold.
+    if vocab_size is not None and (not _is_int(vocab_size) or not 0 < vocab_size <= INT32_MAX + 1):
+        raise ValueError(f"vocab_size must be a positive integer up to 2**31 or None, got {short_repr(vocab_size)}")
 
 
 def check_token_id(value: Any, name: str, vocab_size: int | None) -> int:

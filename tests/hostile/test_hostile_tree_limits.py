@@ -282,3 +282,11 @@ def test_deeply_nested_json_is_a_clear_error():
     text = '{"descriptors": [{"leaves": [{"tokens": ' + "[" * 100000 + "]" * 100000 + "}]}]}"
     with pytest.raises(ValueError, match="nested too deeply"):
         TreeDFA.from_token_trie(text, end_token_id=0, cache=False)
+
+
+@pytest.mark.parametrize("vocab_size", [0, -5, 2**31 + 1, 10**30, True, 5.0])
+def test_vocab_size_outside_the_int32_token_range_is_refused(vocab_size):
+    with pytest.raises(ValueError, match="vocab_size must be a positive integer up to 2\\*\\*31 or None"):
+        TreeDFA.from_sequences([[5, 6]], end_token_id=2, vocab_size=vocab_size, cache=False)
+    with pytest.raises(ValueError, match="vocab_size must be a positive integer"):
+        TreeDFA.from_prefix_dict(PREFIX_DICT, vocab_size=vocab_size, cache=False)
