@@ -53,10 +53,13 @@ class TreeTooLarge(ValueError):
     """A tree beyond an operator limit. `limit` is "bytes", "nodes" or "depth"; `value` the tree's
     size, `maximum` the limit in force, `env_var` the variable that sets it."""
 
+    _WORDS = {"bytes": ("size", " bytes"), "nodes": ("node count", " nodes"), "depth": ("depth", " tokens")}
+
     def __init__(self, limit: str, value: int, maximum: int, env_var: str, what: str = "tree") -> None:
         self.limit, self.value, self.maximum, self.env_var = limit, value, maximum, env_var
+        name, unit = self._WORDS[limit]
         super().__init__(
-            f"{what} is too large: {value} {limit} exceeds the limit of {maximum} {limit} "
+            f"{what} is too large: its {name} is {value}{unit}, over the limit of {maximum}{unit} "
             f"(the operator's setting {env_var})"
         )
 

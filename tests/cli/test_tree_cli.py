@@ -92,7 +92,7 @@ def test_inspect_refuses_a_file_beyond_the_operator_byte_limit(write, capsys, mo
     monkeypatch.setenv("LOGITGATE_TREE_MAX_BYTES", "64")
     assert main(["tree", "inspect", write(PREFIX)]) == 2
     err = capsys.readouterr().err
-    assert "is too large" in err and "exceeds the limit of 64 bytes" in err and "LOGITGATE_TREE_MAX_BYTES" in err
+    assert "is too large" in err and "over the limit of 64 bytes" in err and "LOGITGATE_TREE_MAX_BYTES" in err
 
 
 def test_inspect_quotes_long_unreachable_keys_in_part(write, capsys):

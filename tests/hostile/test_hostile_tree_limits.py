@@ -32,7 +32,7 @@ PREFIX_DICT = {"start_token_id": 1, "end_token_id": 2, "prefix_dict": {"1": [5, 
 def test_bytes_limit_refuses_text_before_parsing(monkeypatch):
     monkeypatch.setenv(ENV_MAX_BYTES, "100")
     text = "{" + " " * 200  # not even JSON: the size is checked first
-    with pytest.raises(TreeTooLarge, match=rf"201 bytes exceeds the limit of 100 bytes .*{ENV_MAX_BYTES}") as info:
+    with pytest.raises(TreeTooLarge, match=rf"its size is 201 bytes, over the limit of 100 bytes .*{ENV_MAX_BYTES}") as info:
         TreeDFA.from_prefix_dict(text, cache=False)
     assert (info.value.limit, info.value.value, info.value.maximum, info.value.env_var) == ("bytes", 201, 100, ENV_MAX_BYTES)
     assert isinstance(info.value, ValueError)
@@ -45,13 +45,13 @@ def test_bytes_limit_refuses_text_before_parsing(monkeypatch):
 def test_bytes_limit_reads_a_file_no_further(tmp_path, monkeypatch):
     path = tmp_path / "tree.json"
     path.write_text(json.dumps(PREFIX_DICT) + " " * 5000)
-    with pytest.raises(TreeTooLarge, match=r"prefix dict config file .* is too large: 5\d\d\d bytes .*limit of 1024"):
+    with pytest.raises(TreeTooLarge, match=r"prefix dict config file .* is too large: its size is 5\d\d\d bytes, over the limit of 1024"):
         TreeDFA.from_prefix_dict(path, cache=False, limits=TreeLimits(max_bytes=1024))
     monkeypatch.setenv(ENV_MAX_BYTES, "1024")
     with pytest.raises(TreeTooLarge):
         TreeDFA.from_prefix_dict(str(path), cache=False)
     # /dev/zero never ends: the limit stops the read.
-    with pytest.raises(TreeTooLarge, match="1025 bytes"):
+    with pytest.raises(TreeTooLarge, match="its size is 1025 bytes"):
         TreeDFA.from_prefix_dict("/dev/zero", cache=False)
 
 
@@ -61,13 +61,13 @@ def test_depth_limit_refuses_before_the_trie_is_built(monkeypatch):
 
     monkeypatch.setattr("logitgate.structured.tree_graph.build_trie", no_trie)
     monkeypatch.setenv(ENV_MAX_DEPTH, "3")
-    with pytest.raises(TreeTooLarge, match=rf"sequences is too large: 4 depth exceeds the limit of 3 depth .*{ENV_MAX_DEPTH}"):
+    with pytest.raises(TreeTooLarge, match=rf"sequences is too large: its depth is 4 tokens, over the limit of 3 tokens .*{ENV_MAX_DEPTH}"):
         TreeDFA.from_sequences([[5], [5, 6, 7, 8]], end_token_id=0, cache=False)
-    with pytest.raises(TreeTooLarge, match="token trie is too large: 4 depth"):
+    with pytest.raises(TreeTooLarge, match="token trie is too large: its depth is 4 tokens"):
         payload = {"descriptors": [{"leaves": [{"tokens": [1, 2, 3, 4]}]}]}
         TreeDFA.from_token_trie(payload, end_token_id=0, cache=False)
     deep = dict(PREFIX_DICT, prefix_dict={"1_5_6_7_8": [3]})  # 4 parts after the start token
-    with pytest.raises(TreeTooLarge, match="prefix dict is too large: 4 depth"):
+    with pytest.raises(TreeTooLarge, match="prefix dict is too large: its depth is 4 tokens"):
         TreeDFA.from_prefix_dict(deep, cache=False)
 
 
@@ -77,9 +77,9 @@ def test_nodes_limit_refuses_before_the_compiled_arrays(monkeypatch):
 
     monkeypatch.setattr(tree_module, "compile_graph", no_compile)
     limits = TreeLimits(max_nodes=4)
-    with pytest.raises(TreeTooLarge, match=rf"5 nodes exceeds the limit of 4 nodes .*{ENV_MAX_NODES}"):
+    with pytest.raises(TreeTooLarge, match=rf"its node count is 5 nodes, over the limit of 4 nodes .*{ENV_MAX_NODES}"):
         TreeDFA.from_sequences([[5, 6], [5, 7], [8]], end_token_id=0, cache=False, limits=limits)
-    with pytest.raises(TreeTooLarge, match="3 nodes exceeds the limit of 2"):
+    with pytest.raises(TreeTooLarge, match="its node count is 3 nodes, over the limit of 2 nodes"):
         TreeDFA.from_prefix_dict(PREFIX_DICT, cache=False, limits=TreeLimits(max_nodes=2))
 
 
