@@ -2,7 +2,8 @@
 branching histogram, memory) or every validation error, each naming its key / leaf / token.
 
 FILE is an RTP-LLM prefix-dict config, a TokenTreePayload (needs --end-token-id) or a JSON list of
-token sequences (needs --end-token-id). Exit status: 0 valid, 1 validation errors, 2 unusable input.
+token sequences (needs --end-token-id). Exit status: 0 valid, 1 validation errors, 2 unusable input
+(unreadable, malformed JSON or payload structure, or beyond the operator's limits LOGITGATE_TREE_MAX_*).
 """
 from __future__ import annotations
 
@@ -36,9 +37,11 @@ def inspect_file(
     """{"file", "format", "trees": [{"name", "errors", "stats"}]}; raises ValueError when the file
     cannot be read or its format needs an option that is missing."""
     from ..structured.tree_loaders import check_vocab_size, load_json, prefix_dict_problems
+    from ..tree_limits import TreeLimits
 
     check_vocab_size(vocab_size)
-    obj, _ = load_json(file, "tree")  # messages read "tree file '<path>' ..."
+    # The operator's byte limit (LOGITGATE_TREE_MAX_BYTES) applies here as when serving the tree.
+    obj, _ = load_json(file, "tree", TreeLimits.from_env())  # messages read "tree file '<path>' ..."
     formats = ("a prefix-dict config (start_token_id, end_token_id, prefix_dict), a TokenTreePayload "
                "(descriptors) or a list of token sequences")
     if isinstance(obj, dict) and not obj:
@@ -63,11 +66,11 @@ def inspect_file(
 
 
 def _inspect_payload(obj: dict, end_token_id: int, vocab_size: int | None, path: str | None) -> list[dict]:
-    from ..structured.tree_loaders import parse_token_trie
+    from ..structured.tree_loaders import parse_token_trie, quote_key, token_trie_descriptors
 
-    descriptors = obj.get("descriptors")
-    if path is None and isinstance(descriptors, list) and len(descriptors) > 1:  # inspect each one
-        paths = list(dict.fromkeys(d.get("path") for d in descriptors if isinstance(d, dict)))
+    descriptors = token_trie_descriptors(obj)  # ValueError (exit status 2) naming a malformed descriptor
+    if path is None and len(descriptors) > 1:  # inspect each one
+        paths = list(dict.fromkeys(d.get("path") for d in descriptors))
     else:
         paths = [path]
     trees = []
@@ -75,9 +78,9 @@ def _inspect_payload(obj: dict, end_token_id: int, vocab_size: int | None, path:
         try:
             parsed = parse_token_trie(obj, path=p)
         except ValueError as exc:
-            trees.append({"name": f"descriptor {p!r}", "errors": [str(exc)], "stats": None})
+            trees.append({"name": f"descriptor {p if p is None else repr(quote_key(p))}", "errors": [str(exc)], "stats": None})
             continue
-        name = f"descriptor {parsed.path!r}"
+        name = f"descriptor {parsed.path if parsed.path is None else repr(quote_key(parsed.path))}"
         trees.append(_inspect_sequences(name, parsed.sequences, parsed.names, end_token_id, vocab_size))
     return trees
 

@@ -45,13 +45,20 @@ def _update(h, part: Any) -> None:
 
 
 class LRUCache(Generic[V]):
-    """At most `maxsize` entries; the least recently used one is dropped first."""
+    """At most `maxsize` entries and, with `sizeof`, at most `max_bytes` bytes of them (the sum of
+    sizeof(value) over the entries); the least recently used entries are dropped first. A value
+    larger than `max_bytes` on its own is returned but not kept. 0 for either bound keeps nothing."""
 
-    def __init__(self, maxsize: int = 32) -> None:
+    def __init__(self, maxsize: int = 32, *, max_bytes: int | None = None, sizeof: Callable[[V], int] | None = None) -> None:
         if maxsize < 0:
             raise ValueError(f"maxsize must be >= 0, got {maxsize}")
+        if max_bytes is not None and (max_bytes < 0 or sizeof is None):
+            raise ValueError(f"max_bytes must be >= 0 and needs sizeof, got {max_bytes}")
         self.maxsize = maxsize
-        self._data: OrderedDict[Any, V] = OrderedDict()
+        self.max_bytes = max_bytes
+        self._sizeof = sizeof
+        self._data: OrderedDict[Any, tuple[V, int]] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -63,26 +70,33 @@ class LRUCache(Generic[V]):
             if key in self._data:
                 self._data.move_to_end(key)
                 self.hits += 1
-                return self._data[key]
+                return self._data[key][0]
             self.misses += 1
         value = create()
+        size = int(self._sizeof(value)) if self._sizeof is not None else 0
         with self._lock:
-            if self.maxsize:
-                # Two threads may compile the same key at once; keep the first result stored.
-                value = self._data.setdefault(key, value)
+            if key in self._data:  # two threads compiled the same key at once: keep the first result
                 self._data.move_to_end(key)
-                while len(self._data) > self.maxsize:
-                    self._data.popitem(last=False)
+                return self._data[key][0]
+            if self.maxsize and (self.max_bytes is None or size <= self.max_bytes):
+                self._data[key] = (value, size)
+                self._bytes += size
+                while len(self._data) > self.maxsize or (self.max_bytes is not None and self._bytes > self.max_bytes):
+                    self._bytes -= self._data.popitem(last=False)[1][1]
         return value
 
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
+            self._bytes = 0
             self.hits = self.misses = 0
 
-    def info(self) -> dict[str, int]:
+    def info(self) -> dict[str, int | None]:
         with self._lock:
-            return {"size": len(self._data), "maxsize": self.maxsize, "hits": self.hits, "misses": self.misses}
+            return {
+                "size": len(self._data), "maxsize": self.maxsize, "bytes": self._bytes, "max_bytes": self.max_bytes,
+                "hits": self.hits, "misses": self.misses,
+            }
 
     def __len__(self) -> int:
         return len(self._data)

@@ -24,6 +24,7 @@ from ..backends import Backend, get_backend
 from ..backends.reference import gather_csr_rows
 from .compile_cache import LRUCache, content_hash
 from .tree_graph import CODE_SHIFT, CompiledTree, TreeGraph, compile_graph, prefix_dict_graph, sequences_graph
+from ..tree_limits import TreeLimits, TreeTooLarge, cache_bytes_from_env
 from .tree_loaders import (
     INT32_MAX,
     PrefixDictSpec,
@@ -34,20 +35,29 @@ from .tree_loaders import (
     parse_prefix_dict,
     parse_sequences,
     parse_token_trie,
+    quote_key,
     read_json_source,
     tokenize_strings,
 )
 
-__all__ = ["TreeDFA"]
+__all__ = ["TreeDFA", "TreeLimits", "TreeTooLarge"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_DENSE_MIN_WIDTH = 256  # nodes allowing at least this many tokens may keep a bitmask row
 DEFAULT_DENSE_BUDGET_BYTES = 64 << 20  # memory for those rows, per tree
-DEFAULT_CACHE_SIZE = 32
+DEFAULT_CACHE_SIZE = 32  # trees; the byte bound (LOGITGATE_TREE_CACHE_BYTES, tree_limits.py) also applies
 _DENSE_BUILD_ENTRIES = 1 << 22  # padded entries per chunk when building the dense rows
 
-_cache: LRUCache[TreeDFA] = LRUCache(DEFAULT_CACHE_SIZE)
+# Made on first use, so that the byte bound is read from the environment then (not at import).
+_cache: LRUCache[TreeDFA] | None = None
+
+
+def _the_cache() -> LRUCache[TreeDFA]:
+    global _cache
+    if _cache is None:
+        _cache = LRUCache(DEFAULT_CACHE_SIZE, max_bytes=cache_bytes_from_env(), sizeof=lambda tree: tree.nbytes)
+    return _cache
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,7 @@ class _Options:
     dense_min_width: int
     dense_budget_bytes: int
     backend: Backend
+    limits: TreeLimits  # not in the key: limits decide whether a tree is built, not what it compiles to
 
     def key(self) -> tuple:
         # The cached tree holds its backend, so the id cannot be reused while the entry lives.
@@ -66,12 +77,24 @@ class _Options:
         return (self.vocab_size, self.dense_min_width, self.dense_budget_bytes, backend_key)
 
     def compile(self, graph: TreeGraph, end_token_id: int) -> CompiledTree:
+        self.limits.check_nodes(graph.num_nodes)  # before the compiled arrays and dense rows
         return compile_graph(graph, end_token_id, self.vocab_size, self.dense_min_width, self.dense_budget_bytes)
+
+
+def _options(vocab_size, dense_min_width, dense_budget_bytes, device, limits: TreeLimits | None) -> _Options:
+    if limits is not None and not isinstance(limits, TreeLimits):
+        raise ValueError(f"limits must be a TreeLimits or None, got {type(limits).__name__}")
+    limits = TreeLimits.from_env() if limits is None else limits
+    return _Options(vocab_size, dense_min_width, dense_budget_bytes, get_backend(device), limits)
 
 
 class TreeDFA:
     """A compiled token tree. Build one with `from_prefix_dict`, `from_token_trie`,
-    `from_sequences` or `from_strings` (compiled trees are cached by content)."""
+    `from_sequences` or `from_strings` (compiled trees are cached by content, within a byte bound).
+
+    Every constructor takes `limits=` (a TreeLimits; default `TreeLimits.from_env()`, i.e.
+    LOGITGATE_TREE_MAX_BYTES / _NODES / _DEPTH): a larger tree raises TreeTooLarge (a ValueError)
+    before the work the limit protects (tree_limits.py)."""
 
     def __init__(self, compiled: CompiledTree, *, kind: str, backend: Backend, vocab_size: int | None) -> None:
         """Internal: use the `from_*` constructors."""
@@ -134,15 +157,18 @@ class TreeDFA:
         dense_min_width: int = DEFAULT_DENSE_MIN_WIDTH,
         dense_budget_bytes: int = DEFAULT_DENSE_BUDGET_BYTES,
         cache: bool = True,
+        limits: TreeLimits | None = None,
     ) -> TreeDFA:
         """An RTP-LLM tree-decode config: a path, a JSON string or a dict with `start_token_id`,
         `end_token_id`, `sep` (default "_") and `prefix_dict` ("225_64000": [64001, 64002], ...).
         Semantics are RTP-LLM's exactly; unreachable keys are dropped (counted in `stats()`)."""
-        opts = _Options(vocab_size, dense_min_width, dense_budget_bytes, get_backend(device))
+        opts = _options(vocab_size, dense_min_width, dense_budget_bytes, device, limits)
         check_vocab_size(vocab_size)
-        obj, raw, where = read_json_source(config, "prefix dict config")
+        obj, raw, where = read_json_source(config, "prefix dict config", opts.limits)
 
         def build(spec: PrefixDictSpec) -> TreeDFA:
+            if len(spec.keys):  # a key's depth is its parts after the start token
+                opts.limits.check_depth(int(np.diff(spec.part_offsets).max()) - 1, "prefix dict")
             graph = prefix_dict_graph(spec)
             if graph.info["unreachable_keys"]:
                 logger.warning(
@@ -174,12 +200,13 @@ class TreeDFA:
         dense_budget_bytes: int = DEFAULT_DENSE_BUDGET_BYTES,
         cache: bool = True,
         names: Sequence[str] | None = None,
+        limits: TreeLimits | None = None,
     ) -> TreeDFA:
         """A token trie of allowed sequences (lists of token ids). Where a sequence ends the end
         token is allowed too (a sequence that is a prefix of another both ends and continues); a
         completed sequence with no continuation allows only the end token. `names` label the
         sequences in error messages."""
-        opts = _Options(vocab_size, dense_min_width, dense_budget_bytes, get_backend(device))
+        opts = _options(vocab_size, dense_min_width, dense_budget_bytes, device, limits)
         spec = parse_sequences(sequences, end_token_id, vocab_size, names)
         return cls._from_spec(spec, "sequences", end_token_id, opts, cache)
 
@@ -196,13 +223,15 @@ class TreeDFA:
         dense_min_width: int = DEFAULT_DENSE_MIN_WIDTH,
         dense_budget_bytes: int = DEFAULT_DENSE_BUDGET_BYTES,
         cache: bool = True,
+        limits: TreeLimits | None = None,
     ) -> TreeDFA:
         """A TokenTreePayload ({"modelId", "descriptors": [{"path", "leaves": [{"name", "tokens"}]}]}),
         as a path, JSON string or dict. `path=` picks the descriptor when there are several;
         `model_id=` rejects a payload built for another model. Leaves behave as `from_sequences`."""
-        opts = _Options(vocab_size, dense_min_width, dense_budget_bytes, get_backend(device))
-        parsed = parse_token_trie(payload, path=path, model_id=model_id)
-        where = f"token trie payload (model {parsed.model_id!r}, path {parsed.path!r})"
+        opts = _options(vocab_size, dense_min_width, dense_budget_bytes, device, limits)
+        parsed = parse_token_trie(payload, path=path, model_id=model_id, limits=opts.limits)
+        labels = ["None" if v is None else repr(quote_key(v)) for v in (parsed.model_id, parsed.path)]
+        where = f"token trie payload (model {labels[0]}, path {labels[1]})"
         spec = parse_sequences(parsed.sequences, end_token_id, vocab_size, parsed.names, what=where)
         return cls._from_spec(spec, "token_trie", end_token_id, opts, cache)
 
@@ -228,6 +257,8 @@ class TreeDFA:
     @classmethod
     def _from_spec(cls, spec: SequenceSpec, kind: str, end_token_id: int, opts: _Options, cache: bool) -> TreeDFA:
         end = int(end_token_id)
+        if len(spec.offsets) > 1:
+            opts.limits.check_depth(int(np.diff(spec.offsets).max()), kind.replace("_", " "))
         key = (kind, content_hash(spec.token_ids, spec.offsets, end), opts.key())
 
         def build() -> TreeDFA:
@@ -238,22 +269,31 @@ class TreeDFA:
 
     @staticmethod
     def _cached(key: tuple, build: Callable[[], TreeDFA], cache: bool) -> TreeDFA:
-        return _cache.get_or_create(key, build) if cache else build()
+        return _the_cache().get_or_create(key, build) if cache else build()
 
     @staticmethod
     def cache_info() -> dict[str, int]:
-        """Size, bound, hits and misses of the process-wide compile cache."""
-        return _cache.info()
+        """The process-wide compile cache: trees held ("size") and their bound ("maxsize"), the bytes
+        they hold ("bytes", TreeDFA.nbytes summed) and the bound ("max_bytes"), hits and misses."""
+        return _the_cache().info()
 
     @staticmethod
     def cache_clear() -> None:
-        _cache.clear()
+        """Drop every cached tree (trees in use elsewhere stay valid) and reset the counters."""
+        _the_cache().clear()
 
     @staticmethod
-    def set_cache_size(maxsize: int) -> None:
-        """Bound the compile cache to `maxsize` trees (0 disables caching); clears it."""
+    def set_cache_size(maxsize: int | None = None, *, max_bytes: int | None = None) -> None:
+        """Bound the compile cache to `maxsize` trees (default DEFAULT_CACHE_SIZE) and `max_bytes`
+        bytes (default LOGITGATE_TREE_CACHE_BYTES, else 256 MiB); 0 for either disables caching.
+        The least recently used trees are dropped first; a tree larger than `max_bytes` is built
+        but not kept. Clears the cache."""
         global _cache
-        _cache = LRUCache(maxsize)
+        _cache = LRUCache(
+            DEFAULT_CACHE_SIZE if maxsize is None else maxsize,
+            max_bytes=cache_bytes_from_env() if max_bytes is None else max_bytes,
+            sizeof=lambda tree: tree.nbytes,
+        )
 
     # ------------------------------------------------------------------------------------------
     # scalar API (host arrays; for tests, tools and the jump-forward of a decode loop)
@@ -406,6 +446,24 @@ class TreeDFA:
         tensors = [self._trans_code, self._trans_dst, self._allow_start, self._allow_tok, self._width]
         tensors += [self._fill_width, self._frozen]
         return tensors + ([self._dense_rows, self._dense_slot] if self._dense_rows is not None else [])
+
+    @property
+    def nbytes(self) -> int:
+        """Memory this tree holds: its host arrays and its device tensors (dense bitmask rows
+        included), each buffer counted once (on CPU the tensors share the host arrays' memory)."""
+        host = self._host
+        arrays = (host.trans_code, host.trans_dst, host.allow_ptr, host.allow_tok, host.frozen, host.depth, host.dense_nodes)
+        buffers: dict[tuple[str, int], int] = {}
+        for a in arrays:
+            while isinstance(a.base, np.ndarray):  # a view: count the array that owns the memory
+                a = a.base
+            key = ("cpu", a.__array_interface__["data"][0])
+            buffers[key] = max(buffers.get(key, 0), a.nbytes)
+        for t in self._device_tensors():
+            storage = t.untyped_storage()
+            key = ("cpu" if t.device.type == "cpu" else str(t.device), storage.data_ptr())
+            buffers[key] = max(buffers.get(key, 0), storage.nbytes())
+        return sum(buffers.values())
 
     def stats(self) -> dict[str, Any]:
         """Sizes, depth, branching histogram (allowed tokens per node) and device memory."""

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from ..backends.reference import num_bitmask_words
+from ..checks import short_repr
 from .tree import TreeDFA
 
 __all__ = [
@@ -56,6 +57,7 @@ ENV_SPARSE_MAX_FRACTION = "LOGITGATE_TREE_SPARSE_MAX_FRACTION"
 # A second width bucket must save at least this many padded values to pay for its extra launches
 # (a second sampler call: ~0.1 ms on CPU, the time of ~30k values through top-p sampling).
 _GROUP_COST = 32768
+_MAX_ROW = 2**31 - 1  # batch rows are int32-sized everywhere (bitmasks, vLLM)
 
 
 def resolve_sparse_max_fraction(value: float | None = None) -> float:
@@ -184,6 +186,25 @@ def _as_host_states(tree: TreeDFA, host_states: Sequence[int] | np.ndarray) -> n
     return states
 
 
+def _check_rows(rows: Sequence[int] | np.ndarray | torch.Tensor, n: int) -> list[int]:
+    """`rows` as a list of distinct non-negative ints, one per state; ValueError naming the entry.
+    (A repeated row would leave another row of the output unwritten; the kernels index logits
+    with these rows unchecked.)"""
+    values = rows.tolist() if isinstance(rows, (np.ndarray, torch.Tensor)) else list(rows)
+    if len(values) != n:
+        raise ValueError(f"rows has {len(values)} entries for {n} states")
+    seen: dict[int, int] = {}
+    for i, row in enumerate(values):
+        if isinstance(row, (bool, np.bool_)) or not isinstance(row, (int, np.integer)):
+            raise ValueError(f"rows[{i}] = {short_repr(row)} is not an integer row index")
+        if not 0 <= row <= _MAX_ROW:
+            raise ValueError(f"rows[{i}] = {short_repr(row)} is outside [0, {_MAX_ROW}]")
+        if row in seen:
+            raise ValueError(f"rows[{i}] = {row} repeats rows[{seen[row]}]: each batch row belongs to one state")
+        seen[row] = i
+    return [int(r) for r in values]
+
+
 def _split(widths: np.ndarray) -> list[np.ndarray]:
     """Row indices (into `widths`) of at most two width buckets, split where the padded size plus a
     per-group cost is smallest."""
@@ -220,7 +241,8 @@ def plan_tree_step(
     """Plan the layouts of a batch whose row i is in tree state states[i] (int64 (n,) on the tree's
     device). `host_states` (the same values on the host) gives exact widths without reading the
     device; on a CPU tree they are read from `states`. `rows`: the batch rows the states belong to
-    (default 0..n-1). `vocab_size`: the logits' width. `exact=False` forces the device-only plan
+    (default 0..n-1): distinct non-negative ints, else ValueError naming the entry; sampling the
+    plan checks that they lie inside the logits' batch. `vocab_size`: the logits' width. `exact=False` forces the device-only plan
     (one group as wide as the tree's widest state: the same shapes every step)."""
     # Called every decode step: below ~1 ms a step its Python overhead is the cost, so it builds
     # index tensors from numpy (no Python lists of rows) and skips the split when it cannot pay.
@@ -233,9 +255,7 @@ def plan_tree_step(
         row_list = list(range(n))
         row_array = None  # the identity
     else:
-        row_list = [int(r) for r in rows]
-        if len(row_list) != n:
-            raise ValueError(f"rows has {len(row_list)} entries for {n} states")
+        row_list = _check_rows(rows, n)
         row_array = np.asarray(row_list, dtype=np.int64)
     batch = max(row_list) + 1 if row_list else 0
     device = states.device
@@ -313,10 +333,16 @@ def ragged_candidates(tree: TreeDFA, states: torch.Tensor, total: int | None = N
     return tree._allow_tok[tree._allow_start[states][row_of] + position].long(), offsets
 
 
-def _check_device(plan: TreeStepPlan, logits: torch.Tensor) -> None:
+def _check_plan(plan: TreeStepPlan, logits: torch.Tensor) -> None:
+    """The plan fits `logits`: same device as its trees, and every planned row inside the batch
+    (the candidate kernels read logits rows unchecked)."""
     for part in (plan.dense, *plan.sparse):
         if part is not None and part.tree.device != logits.device:
             raise ValueError(f"logits are on {logits.device} but the tree is on {part.tree.device}")
+    if logits.dim() != 2 or plan.batch_size > logits.shape[0]:
+        raise ValueError(
+            f"the plan covers batch rows up to {plan.batch_size - 1} but logits have shape {tuple(logits.shape)}"
+        )
 
 
 def tree_layouts(plan: TreeStepPlan, logits: torch.Tensor) -> list:
@@ -325,7 +351,7 @@ def tree_layouts(plan: TreeStepPlan, logits: torch.Tensor) -> list:
     objects for `sample_layouts`."""
     from ..sampling.sparse import Layout
 
-    _check_device(plan, logits)
+    _check_plan(plan, logits)
     everything = list(range(logits.shape[0]))
     layouts = []
     if plan.dense is not None:
@@ -406,7 +432,7 @@ def fused_plan(sampler, plan: TreeStepPlan, logits: torch.Tensor, metadata) -> t
     from ..sampling.sparse import select_rows
 
     check_logits(logits)
-    _check_device(plan, logits)
+    _check_plan(plan, logits)
     batch = logits.shape[0]
     temperature = metadata.temperature
     if temperature is None or temperature.shape != (batch,):
@@ -463,7 +489,7 @@ def greedy_plan(sampler, plan: TreeStepPlan, logits: torch.Tensor) -> torch.Tens
     from ..sampling.ops import check_logits
 
     check_logits(logits)
-    _check_device(plan, logits)
+    _check_plan(plan, logits)
     batch = logits.shape[0]
     everything = list(range(batch))
     parts = ([plan.dense] if plan.dense is not None else []) + list(plan.sparse)
@@ -500,6 +526,12 @@ def keep_only_allowed(
         if states.shape[0] != logits.shape[0]:
             raise ValueError(f"{states.shape[0]} states for {logits.shape[0]} logits rows; pass rows=")
         rows = torch.arange(states.shape[0], device=states.device)
+    elif not isinstance(rows, torch.Tensor) or rows.dim() != 1 or rows.shape != states.shape or rows.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"rows must be a 1-D int32/int64 tensor with one entry per state ({states.shape[0]})")
+    elif rows.device.type == "cpu" and len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= logits.shape[0]):
+        # Free on the host (the kernel indexes logits unchecked); on a device it would be a sync.
+        bad = int(rows[(rows < 0) | (rows >= logits.shape[0])][0])
+        raise ValueError(f"rows holds {bad}, outside the {logits.shape[0]} rows of logits")
     tree.backend.keep_candidate_logits(
         logits, rows, tree._allow_start[states], tree._width[states].long(), tree._allow_tok,
         tree.max_width if max_width is None else max_width,

@@ -1,7 +1,8 @@
-"""Building a tree's integer form with numpy, level by level (no per-key Python work):
+"""Building a tree's integer form with numpy and numba (no per-key or per-level Python work):
 
 - `build_trie` turns flattened token sequences into nodes (parent, token, depth), in level order
-  with siblings sorted by token, so the (parent, token) edge list comes out already sorted;
+  with siblings sorted by token, so the (parent, token) edge list comes out already sorted; its
+  cost is linear in the tokens (a numba hash-table walk), whatever the depth;
 - `prefix_dict_graph` / `sequences_graph` say which nodes exist, what each allows and which are
   frozen (RTP-LLM's "after the end token nothing changes");
 - `compile_graph` lays that out as CSR arrays plus the two special states, error and finished.
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backends.reference import num_bitmask_words
-from .tree_loaders import PrefixDictSpec, SequenceSpec
+from .tree_loaders import PrefixDictSpec, SequenceSpec, quote_key
 
 CODE_SHIFT = 31  # (node, token) -> node << 31 | token; token ids are < 2**31
 TOKEN_MASK = (1 << CODE_SHIFT) - 1
@@ -91,34 +92,42 @@ def sorted_unique(values: np.ndarray) -> np.ndarray:
 
 
 def build_trie(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Trie of the sequences flat[starts[i] : starts[i] + lengths[i]].
+    """Trie of the sequences flat[starts[i] : starts[i] + lengths[i]], in time linear in their
+    tokens (numba: one hash-table walk, then a breadth-first renumbering).
 
-    Returns (parent, token, depth, seq_node): node arrays (root 0 has parent -1, token -1) and the
-    node each sequence ends at. Nodes are numbered level by level and, inside a level, by
-    (parent, token) — so parent << 31 | token increases with the node id.
+    Returns (parent, token, depth, seq_node, walk_node): node arrays (root 0 has parent -1, token
+    -1), the node each sequence ends at, and the node after each token of the sequences in order
+    (sequence i's tokens at walk positions sum(lengths[:i]) ...). Nodes are numbered level by level
+    and, inside a level, by (parent, token) — so parent << 31 | token increases with the node id.
     """
-    cur = np.zeros(len(starts), np.int64)
-    parents, tokens, depths = [np.array([-1])], [np.array([-1])], [np.array([0])]
-    active = np.flatnonzero(lengths > 0)
-    next_id, level = 1, 0
-    while active.size:
-        codes = (cur[active] << CODE_SHIFT) | flat[starts[active] + level]
-        uniq, inverse = np.unique(codes, return_inverse=True)
-        parents.append(uniq >> CODE_SHIFT)
-        tokens.append(uniq & TOKEN_MASK)
-        depths.append(np.full(len(uniq), level + 1))
-        cur[active] = next_id + inverse.reshape(-1)
-        next_id += len(uniq)
-        level += 1
-        active = active[lengths[active] > level]
-    cat = lambda parts: np.concatenate(parts).astype(np.int64)  # noqa: E731
-    return cat(parents), cat(tokens), cat(depths), cur
+    from .tree_trie_kernels import insert_sequences, level_order
+
+    flat = np.ascontiguousarray(flat, np.int64)
+    starts = np.ascontiguousarray(starts, np.int64)
+    lengths = np.ascontiguousarray(lengths, np.int64)
+    total = int(lengths.sum())
+    parent, token, depth = (np.empty(total + 1, np.int64) for _ in range(3))
+    walk_node = np.empty(total, np.int64)
+    seq_node = np.empty(len(starts), np.int64)
+    bits = max(4, (total + total // 2).bit_length())  # a table at most 2/3 full: short probes
+    n = insert_sequences(flat, starts, lengths, bits, parent, token, depth, walk_node, seq_node)
+    parent, token, depth = parent[:n], token[:n], depth[:n]
+    # Breadth first, children by token: the children of node v sorted by (v, token) in CSR form.
+    children = np.argsort((parent[1:] << CODE_SHIFT) | token[1:]) + 1
+    child_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(parent[1:], minlength=n), out=child_ptr[1:])
+    order = level_order(children, child_ptr)
+    new_id = np.empty(n, np.int64)
+    new_id[order] = np.arange(n)
+    new_parent = parent[order]
+    new_parent[1:] = new_id[new_parent[1:]]
+    return new_parent, token[order], depth[order], new_id[seq_node], new_id[walk_node]
 
 
 def sequences_graph(spec: SequenceSpec, end_token_id: int) -> TreeGraph:
     """Token trie: a node allows its children and, where a sequence ends, the end token."""
     starts = spec.offsets[:-1]
-    parent, token, depth, seq_node = build_trie(spec.token_ids, starts, np.diff(spec.offsets))
+    parent, token, depth, seq_node, _ = build_trie(spec.token_ids, starts, np.diff(spec.offsets))
     terminal = sorted_unique(seq_node)
     allow_node = np.concatenate([parent[1:], terminal])
     allow_tok = np.concatenate([token[1:], np.full(len(terminal), end_token_id, np.int64)])
@@ -134,7 +143,8 @@ def prefix_dict_graph(spec: PrefixDictSpec, max_examples: int = 5) -> TreeGraph:
     token when the list is empty or the key is absent (the root, when the start key is missing).
     A key ending in the end token is a frozen state that allows its own candidates.
     Keys that cannot be reached (other start token, a missing intermediate key, a token after the
-    end token) are dropped and counted."""
+    end token) are dropped and counted; info["unreachable_examples"] quotes the first
+    `max_examples` of them, each cut by quote_key (logs and the CLI print them)."""
     end = spec.end_token_id
     n_keys = len(spec.keys)
     lengths = np.diff(spec.part_offsets)
@@ -146,22 +156,22 @@ def prefix_dict_graph(spec: PrefixDictSpec, max_examples: int = 5) -> TreeGraph:
     past_end = (spec.part_ids == end) & (pos >= 1) & (pos < lengths[key_of_part] - 1)
     usable[key_of_part[past_end]] = False
     keys_idx = np.flatnonzero(usable)
-    parent, token, depth, seq_node = build_trie(
-        spec.part_ids, spec.part_offsets[keys_idx] + 1, lengths[keys_idx] - 1
-    )
+    key_lengths = lengths[keys_idx] - 1
+    parent, token, depth, seq_node, walk_node = build_trie(spec.part_ids, spec.part_offsets[keys_idx] + 1, key_lengths)
     n = len(parent)
     is_key = np.zeros(n, bool)
     is_key[seq_node] = True
     frozen = np.zeros(n, bool)
     frozen[1:] = token[1:] == end
     # Reachable: every key along the path exists (children of a frozen node cannot exist: their
-    # keys walk past the end token and were dropped above).
+    # keys walk past the end token and were dropped above). Along each key's walk, count the
+    # nodes so far that are not keys: a node is reachable where that count is still 0.
+    missing = np.zeros(len(walk_node) + 1, np.int64)
+    np.cumsum(~is_key[walk_node], out=missing[1:])
+    walk_start = np.cumsum(key_lengths) - key_lengths
     reachable = np.zeros(n, bool)
     reachable[0] = True
-    level_bounds = np.searchsorted(depth, np.arange(int(depth.max()) + 2))
-    for d in range(1, len(level_bounds) - 1):
-        lo, hi = level_bounds[d], level_bounds[d + 1]
-        reachable[lo:hi] = reachable[parent[lo:hi]] & is_key[lo:hi]
+    reachable[walk_node] = missing[1:] == np.repeat(missing[walk_start], key_lengths)
     new_id = np.cumsum(reachable) - 1
     keep = np.flatnonzero(reachable)
     parent = np.where(parent[keep] >= 0, new_id[np.maximum(parent[keep], 0)], -1)
@@ -184,7 +194,7 @@ def prefix_dict_graph(spec: PrefixDictSpec, max_examples: int = 5) -> TreeGraph:
     info = {
         "keys": n_keys,
         "unreachable_keys": len(bad),
-        "unreachable_examples": [spec.keys[i] for i in bad[:max_examples]],
+        "unreachable_examples": [quote_key(spec.keys[i]) for i in bad[:max_examples]],
         "start_key_present": bool(is_key[0]),
     }
     return TreeGraph(parent, token, depth, allow_node, allow_tok, frozen, info)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..checks import short_repr
+from ..tree_limits import ENV_MAX_BYTES, TreeLimits, TreeTooLarge
 
 INT32_MAX = 2**31 - 1
 DEFAULT_SEP = "_"
@@ -25,6 +26,7 @@ _PART_DELIM = "\x01"  # stands in for the separator during the vectorised parse
 _MAX_DIGITS = 10  # INT32_MAX has 10 digits
 _DELIMS_TO_SPACES = bytes.maketrans(b"\x00\x01", b"  ")
 _PROBLEM_LIMIT = 20  # problems collected before raising (the first one is the message)
+_QUOTE_CHARS = 80  # a key, leaf name or path is quoted at most this long in messages and logs
 
 
 @dataclass(frozen=True)
@@ -65,26 +67,44 @@ class TokenTriePayload:
 # JSON sources
 
 
-def read_json_source(source: Any, what: str) -> tuple[Any, bytes | None, str]:
+def read_json_source(source: Any, what: str, limits: TreeLimits | None = None) -> tuple[Any, bytes | None, str]:
     """(parsed object or None, raw bytes or None, a description for messages) without parsing, so
     callers can hash the raw text first. `source` is a parsed dict/list, a JSON string, bytes, or a
-    path (str or PathLike)."""
+    path (str or PathLike). With `limits`, text beyond limits.max_bytes raises TreeTooLarge before
+    it is parsed (a file is read no further than that; a parsed dict/list is not measured)."""
+    max_bytes = None if limits is None else limits.max_bytes
     if isinstance(source, (dict, list)):
         return source, None, what
     if isinstance(source, (bytes, bytearray)):
-        return None, bytes(source), what
-    if isinstance(source, str) and source.lstrip()[:1] in ("{", "["):
-        return None, source.encode("utf-8"), what
-    if isinstance(source, (str, os.PathLike)):
+        raw = bytes(source)
+    elif isinstance(source, str) and source.lstrip()[:1] in ("{", "["):
+        if max_bytes is not None and len(source) > max_bytes:  # a char is at least a byte: skip the encode
+            limits.check_bytes(len(source), what)
+        raw = source.encode("utf-8", "surrogatepass")
+    elif isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        where = f"{what} file {str(path)!r}"
+        what = f"{what} file {str(path)!r}"
         try:
-            return None, path.read_bytes(), where
+            with path.open("rb") as f:  # at most one byte past the limit: a huge or endless file stops there
+                raw = f.read() if max_bytes is None else f.read(max_bytes + 1)
         except FileNotFoundError:
-            raise ValueError(f"{where} does not exist") from None
+            raise ValueError(f"{what} does not exist") from None
         except OSError as exc:
-            raise ValueError(f"{where} cannot be read: {exc}") from None
-    raise ValueError(f"{what} must be a dict, a JSON string or a path, got {type(source).__name__}")
+            raise ValueError(f"{what} cannot be read: {exc}") from None
+        if max_bytes is not None and len(raw) > max_bytes:
+            raise TreeTooLarge("bytes", _file_size(path, len(raw)), max_bytes, ENV_MAX_BYTES, what)
+    else:
+        raise ValueError(f"{what} must be a dict, a JSON string or a path, got {type(source).__name__}")
+    if limits is not None:
+        limits.check_bytes(len(raw), what)
+    return None, raw, what
+
+
+def _file_size(path: Path, at_least: int) -> int:
+    try:
+        return max(path.stat().st_size, at_least)
+    except OSError:
+        return at_least
 
 
 def parse_json_bytes(raw: bytes, where: str) -> Any:
@@ -100,14 +120,32 @@ def parse_json_bytes(raw: bytes, where: str) -> Any:
         raise ValueError(f"{where} cannot be read: {exc}") from None
 
 
-def load_json(source: Any, what: str) -> tuple[Any, bytes | None]:
-    """(parsed object, raw bytes or None); ValueError for a missing file or malformed JSON."""
-    obj, raw, where = read_json_source(source, what)
+def load_json(source: Any, what: str, limits: TreeLimits | None = None) -> tuple[Any, bytes | None]:
+    """(parsed object, raw bytes or None); ValueError for a missing file or malformed JSON,
+    TreeTooLarge for text beyond `limits` (read_json_source)."""
+    obj, raw, where = read_json_source(source, what, limits)
     return (obj if raw is None else parse_json_bytes(raw, where)), raw
 
 
 # ---------------------------------------------------------------------------------------------
 # single values
+
+
+def quote_key(text: Any) -> str:
+    """`text` (a key, leaf name or path) for a message or a log line: whole when short, else its
+    first 80 characters and its length, so that a client's 40k-character key cannot flood a log."""
+    if not isinstance(text, str):
+        return short_repr(text)
+    if len(text) <= _QUOTE_CHARS:
+        return text
+    return f"{text[:_QUOTE_CHARS]}... ({len(text)} characters)"
+
+
+def quote_list(texts: Sequence[Any], limit: int = 5) -> str:
+    """Up to `limit` of `texts`, each quoted by quote_key, and how many more there are."""
+    shown = ", ".join(repr(quote_key(t)) if isinstance(t, str) else short_repr(t) for t in texts[:limit])
+    more = f", ... ({len(texts) - limit} more)" if len(texts) > limit else ""
+    return f"[{shown}{more}]"
 
 
 def _is_int(value: Any) -> bool:
@@ -139,8 +177,9 @@ def _key_part_problem(part: str, vocab_size: int | None) -> str | None:
 
 
 def check_vocab_size(vocab_size: int | None) -> None:
-    if vocab_size is not None and (not _is_int(vocab_size) or vocab_size <= 0):
-        raise ValueError(f"vocab_size must be a positive integer or None, got {vocab_size!r}")
+    # Token ids are int32: a larger vocabulary would only size bitmasks no tensor can hold.
+    if vocab_size is not None and (not _is_int(vocab_size) or not 0 < vocab_size <= INT32_MAX + 1):
+        raise ValueError(f"vocab_size must be a positive integer up to 2**31 or None, got {short_repr(vocab_size)}")
 
 
 def check_token_id(value: Any, name: str, vocab_size: int | None) -> int:
@@ -194,19 +233,19 @@ def prefix_dict_problems(obj: Any, vocab_size: int | None = None, limit: int | N
         if limit is not None and len(problems) >= limit:
             break
         if not isinstance(key, str):
-            problems.append(f"prefix_dict key {key!r} is not a string")
+            problems.append(f"prefix_dict key {short_repr(key)} is not a string")
         else:
             for part in key.split(sep):
                 problem = _key_part_problem(part, vocab_size)
                 if problem:
-                    problems.append(f"prefix_dict key {short_repr(key) if len(key) > 200 else repr(key)}: part {short_repr(part)} {problem}")
+                    problems.append(f"prefix_dict key {quote_key(key)!r}: part {short_repr(part)} {problem}")
         if not isinstance(cands, (list, tuple)):
-            problems.append(f"prefix_dict key {key!r}: candidates must be a list of token ids, got {type(cands).__name__}")
+            problems.append(f"prefix_dict key {quote_key(key)!r}: candidates must be a list of token ids, got {type(cands).__name__}")
             continue
         for cand in cands:
             problem = token_problem(cand, vocab_size)
             if problem:
-                problems.append(f"prefix_dict key {key!r}: candidate {short_repr(cand)} {problem}")
+                problems.append(f"prefix_dict key {quote_key(key)!r}: candidate {short_repr(cand)} {problem}")
     return problems[:limit] if limit is not None else problems
 
 
@@ -286,7 +325,7 @@ def flatten_token_lists(lists: list, vocab_size: int | None) -> tuple[np.ndarray
 
 
 def _describe_sequence(i: int, names: Sequence[str] | None) -> str:
-    return f"sequence {i}" + (f" (leaf {names[i]!r})" if names is not None else "")
+    return f"sequence {i}" + (f" (leaf {quote_key(names[i])!r})" if names is not None else "")
 
 
 def sequence_problems(
@@ -343,16 +382,15 @@ def parse_sequences(
     return SequenceSpec(flat[0], flat[1], list(names) if names is not None else None)
 
 
-def parse_token_trie(payload: Any, *, path: str | None = None, model_id: str | None = None) -> TokenTriePayload:
-    """Pick the descriptor of a TokenTreePayload ({modelId, descriptors: [{path, leaves: [{name,
-    tokens}]}]}): the one whose `path` matches, or the only one. Leaves of several descriptors with
-    the same path are merged."""
-    obj, _ = load_json(payload, "token trie payload")
+def token_trie_descriptors(obj: Any) -> list[dict]:
+    """The descriptors of a parsed TokenTreePayload, checked: a JSON object whose `modelId` is a
+    string (or absent) and whose `descriptors` is a non-empty list of objects, each with a `leaves`
+    list and a string `path` (or none). ValueError names the descriptor index and the key."""
     if not isinstance(obj, dict):
         raise ValueError(f"token trie payload must be a JSON object, got {type(obj).__name__}")
-    payload_model = obj.get("modelId")
-    if model_id is not None and payload_model != model_id:
-        raise ValueError(f"token trie payload is for model {payload_model!r}, not {model_id!r}")
+    model = obj.get("modelId")
+    if model is not None and not isinstance(model, str):
+        raise ValueError(f"token trie payload key 'modelId' must be a string, got {type(model).__name__}")
     descriptors = obj.get("descriptors")
     if not isinstance(descriptors, list):
         raise ValueError("token trie payload needs a 'descriptors' list")
@@ -361,16 +399,36 @@ def parse_token_trie(payload: Any, *, path: str | None = None, model_id: str | N
     for i, desc in enumerate(descriptors):
         if not isinstance(desc, dict) or not isinstance(desc.get("leaves"), list):
             raise ValueError(f"descriptor {i} must be an object with a 'leaves' list")
+        path = desc.get("path")
+        if path is not None and not isinstance(path, str):
+            raise ValueError(f"descriptor {i} key 'path' must be a string, got {type(path).__name__} {short_repr(path)}")
+    return descriptors
+
+
+def parse_token_trie(
+    payload: Any, *, path: str | None = None, model_id: str | None = None, limits: TreeLimits | None = None
+) -> TokenTriePayload:
+    """Pick the descriptor of a TokenTreePayload ({modelId, descriptors: [{path, leaves: [{name,
+    tokens}]}]}): the one whose `path` matches, or the only one. Leaves of several descriptors with
+    the same path are merged. `limits` bounds the payload's JSON text (read_json_source)."""
+    obj, _ = load_json(payload, "token trie payload", limits)
+    descriptors = token_trie_descriptors(obj)
+    payload_model = obj.get("modelId")
+    if model_id is not None and payload_model != model_id:
+        raise ValueError(f"token trie payload is for model {quote_key(payload_model)!r}, not {quote_key(model_id)!r}")
     paths = [desc.get("path") for desc in descriptors]
     if path is None:
         if len(descriptors) > 1:
-            raise ValueError(f"token trie payload has {len(descriptors)} descriptors {paths}; choose one with path=")
+            raise ValueError(
+                f"token trie payload has {len(descriptors)} descriptors {quote_list(paths)}; choose one with path="
+            )
         chosen = descriptors
     else:
         chosen = [desc for desc in descriptors if desc.get("path") == path]
         if not chosen:
-            raise ValueError(f"token trie payload has no descriptor with path {path!r}; paths: {paths}")
-    label = repr(chosen[0].get("path"))
+            raise ValueError(f"token trie payload has no descriptor with path {quote_key(path)!r}; paths: {quote_list(paths)}")
+    chosen_path = chosen[0].get("path")
+    label = repr(chosen_path if chosen_path is None else quote_key(chosen_path))
     leaves = [leaf for desc in chosen for leaf in desc["leaves"]]
     if not leaves:
         raise ValueError(f"descriptor {label} has no leaves (empty leaf set)")
@@ -379,7 +437,7 @@ def parse_token_trie(payload: Any, *, path: str | None = None, model_id: str | N
         if not isinstance(leaf, dict) or "tokens" not in leaf:
             raise ValueError(f"descriptor {label} leaf {j} must be an object with 'tokens'")
         name = leaf.get("name", f"#{j}")
-        names.append(name if isinstance(name, str) else repr(name))
+        names.append(name if isinstance(name, str) else short_repr(name))
         sequences.append(leaf["tokens"])
     return TokenTriePayload(payload_model, chosen[0].get("path"), names, sequences)
 

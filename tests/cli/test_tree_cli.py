@@ -77,3 +77,26 @@ def test_inspect_empty_or_scalar_file_says_what_is_expected(write, capsys, conte
     assert main(["tree", "inspect", path]) == 2  # not "pass --end-token-id": the file is no tree at all
     err = capsys.readouterr().err
     assert f"tree file {path!r} {problem}" in err and "end-token-id" not in err
+
+
+@pytest.mark.parametrize("bad_path, kind", [(["a", "b"], "list"), ({"p": 1}, "dict"), (7, "int")])
+def test_inspect_malformed_descriptor_path_is_exit_status_2(write, capsys, bad_path, kind):
+    # Issue 22.9: a list path used to end in "TypeError: unhashable type".
+    payload = {"modelId": "m1", "descriptors": [PAYLOAD["descriptors"][0], {"path": bad_path, "leaves": []}]}
+    assert main(["tree", "inspect", write(payload), "--end-token-id", "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"logitgate: error: descriptor 1 key 'path' must be a string, got {kind}" in err
+
+
+def test_inspect_refuses_a_file_beyond_the_operator_byte_limit(write, capsys, monkeypatch):
+    monkeypatch.setenv("LOGITGATE_TREE_MAX_BYTES", "64")
+    assert main(["tree", "inspect", write(PREFIX)]) == 2
+    err = capsys.readouterr().err
+    assert "is too large" in err and "over the limit of 64 bytes" in err and "LOGITGATE_TREE_MAX_BYTES" in err
+
+
+def test_inspect_quotes_long_unreachable_keys_in_part(write, capsys):
+    long_key = "226_" + "_".join(["5"] * 5000)
+    assert main(["tree", "inspect", write({**PREFIX, "prefix_dict": {**PREFIX["prefix_dict"], long_key: [1]}})]) == 0
+    out = capsys.readouterr().out
+    assert f"... ({len(long_key)} characters)" in out and len(out) < 2000

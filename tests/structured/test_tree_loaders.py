@@ -279,7 +279,7 @@ def test_lru_cache_is_bounded():
     cache = LRUCache(2)
     for key in "abcb":
         cache.get_or_create(key, lambda k=key: k.upper())
-    assert cache.info() == {"size": 2, "maxsize": 2, "hits": 1, "misses": 3}
+    assert cache.info() == {"size": 2, "maxsize": 2, "bytes": 0, "max_bytes": None, "hits": 1, "misses": 3}
     cache.get_or_create("d", lambda: "D")  # evicts "c", the least recently used
     assert cache.get_or_create("c", lambda: "new") == "new"
     TreeDFA.set_cache_size(1)
