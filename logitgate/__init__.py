@@ -31,6 +31,8 @@ _EXPORTS = {
     "apply_grammar_bitmask": ".structured.speculative",
     "strip_speculative_padding": ".structured.speculative",
     "TreeDFA": ".structured.tree",
+    "TreeLimits": ".tree_limits",
+    "TreeTooLarge": ".tree_limits",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
@@ -64,3 +66,4 @@ if TYPE_CHECKING:
     from .structured.manager import StructuredOutputManager
     from .structured.speculative import apply_grammar_bitmask, strip_speculative_padding
     from .structured.tree import TreeDFA
+    from .tree_limits import TreeLimits, TreeTooLarge
