@@ -139,4 +139,4 @@ def test_a_tree_cannot_be_combined_with_vllms_structured_outputs(route):
 
     params = SamplingParams(extra_args={"tree_decode": CONFIG}, structured_outputs=StructuredOutputsParams(regex="a+"))
     with pytest.raises(ValueError, match="one constraint"):
-        route._front_end_check(params, V)
+        route._front_end_check(params, lambda: V)
