@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from types import SimpleNamespace
 
 import pytest
@@ -65,6 +65,14 @@ def manager_for(num_spec: int):
     return StructuredOutputManager(config)
 
 
+def init_grammar(manager, req):
+    """vLLM's grammar_init, then wait for the compile (the scheduler polls it between steps)."""
+    manager.grammar_init(req)
+    grammar = req.structured_output_request._grammar
+    if isinstance(grammar, Future):
+        wait([grammar])
+
+
 def request(request_id, extra_args, prompt=(40,)):
     from vllm import SamplingParams
     from vllm.v1.request import Request
@@ -90,7 +98,7 @@ def test_tree_requests_become_structured_output_requests(route):
     assert isinstance(tree_req.structured_output_request, TreeOutputRequest) and tree_req.use_structured_output
     assert tree_req.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
     assert plain.structured_output_request is None
-    manager.grammar_init(tree_req)
+    init_grammar(manager, tree_req)
     assert isinstance(tree_req.structured_output_request.grammar, TreeOutputGrammar)
     assert EOS in tree_req.sampling_params.stop_token_ids  # decoding stops where the walk finishes
     bitmask = manager.grammar_bitmask({"t": tree_req}, ["t"], {})
@@ -107,7 +115,7 @@ def test_draft_rows_validation_and_rollback_through_vllms_manager(route):
     manager = manager_for(3)
     reqs = {"a": request("a", {"tree_decode": CONFIG}), "b": request("b", {"tree_decode": json.dumps(CONFIG)})}
     for r in reqs.values():
-        manager.grammar_init(r)
+        init_grammar(manager, r)
     # vLLM's scheduler first trims drafts to the grammar-valid prefix ...
     assert manager.validate_tokens(reqs["a"], [10, 13, 15]) == [10, 13, 15]
     assert manager.validate_tokens(reqs["b"], [12, 17, 2]) == [12]
@@ -125,12 +133,12 @@ def test_draft_rows_validation_and_rollback_through_vllms_manager(route):
 def test_a_tree_that_fails_in_the_engine_fails_its_request_alone(route):
     manager = manager_for(0)
     bad = request("bad", {"tree_decode": {**CONFIG, "prefix_dict": {"40": [V + 3]}}})  # checked against V here
-    manager.grammar_init(bad)
+    init_grammar(manager, bad)
     grammar = bad.structured_output_request._grammar
     assert isinstance(grammar, Future) and f"{V + 3}" in str(grammar.exception())
     assert isinstance(bad.structured_output_request.grammar, Exception)  # the scheduler's grammar-error path
     malformed = request("m", {"tree_decode": "../secret"})
-    manager.grammar_init(malformed)
+    init_grammar(manager, malformed)
     assert "paths are not accepted" in str(malformed.structured_output_request.grammar)
 
 
@@ -257,3 +265,26 @@ def test_a_broken_server_wide_tree_fails_plugin_registration(tmp_path, content, 
     ok = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                         env={**os.environ, "LOGITGATE_TREE_DECODE_CONFIG": str(path)})
     assert ok.returncode == 0, ok.stderr[-3000:]
+
+
+def test_trees_compile_off_the_engines_scheduling_thread(route, monkeypatch):
+    import threading
+
+    from logitgate.integrations.vllm import tree_grammar
+
+    threads = []
+    original = tree_grammar.compile_tree_grammar
+
+    def recording(*args):
+        threads.append(threading.current_thread().name)
+        return original(*args)
+
+    monkeypatch.setattr(tree_grammar, "compile_tree_grammar", recording)
+    manager = manager_for(0)  # distributed_executor_backend "mp": vLLM compiles its grammars asynchronously
+    req = request("t", {"tree_decode": CONFIG})
+    init_grammar(manager, req)
+    assert threads and threads[0].startswith("logitgate-tree") and req.structured_output_request.is_grammar_ready
+    sync = manager_for(0)
+    sync._use_async_grammar_compilation = False  # vLLM's choice under external_launcher
+    sync.grammar_init(request("s", {"tree_decode": CONFIG}))
+    assert threads[-1] == threading.current_thread().name

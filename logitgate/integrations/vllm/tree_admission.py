@@ -5,7 +5,7 @@ keeps no compiled tree (the engine compiles it, once), and the cost is one linea
 
 Limits (the server's environment; 0 turns one off) apply to trees a request carries; the
 operator's own trees (`LOGITGATE_TREE_DIR`, `LOGITGATE_TREE_DECODE_CONFIG`) are not limited:
-- `LOGITGATE_TREE_MAX_BYTES` (default 16 MiB): the tree's JSON text;
+- `LOGITGATE_TREE_MAX_BYTES` (default 8 MiB): the tree's JSON text;
 - `LOGITGATE_TREE_MAX_NODES` (default 1,000,000): token ids as written (a prefix dict's key parts
   and candidates, a trie's leaf tokens), which bound the compiled tree's nodes;
 - `LOGITGATE_TREE_MAX_DEPTH` (default 4096): the longest path (a prefix dict's longest key, a trie's
@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 __all__ = ["LIMIT_ENVS", "TreeLimits", "TreeShape", "admit"]
 
 LIMIT_ENVS = {
-    "max_bytes": ("LOGITGATE_TREE_MAX_BYTES", 16 << 20),
+    "max_bytes": ("LOGITGATE_TREE_MAX_BYTES", 8 << 20),
     "max_nodes": ("LOGITGATE_TREE_MAX_NODES", 1_000_000),
     "max_depth": ("LOGITGATE_TREE_MAX_DEPTH", 4096),
 }

@@ -30,7 +30,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from .tree_args import GLOBAL_TREE_ENV, TREE_KEYS, tree_request_for
@@ -200,7 +200,8 @@ def _patch_request_creation() -> str:
 
 
 def _tree_grammar(manager: Any, request: Any) -> Any:
-    """The compiled grammar, or a Future holding the error (vLLM's contract for failed compiles)."""
+    """The compiled grammar (with the tree's end token among the request's stop tokens); raises
+    what makes the request unservable, logged in vLLM's log."""
     from .tree_grammar import compile_tree_grammar
 
     structured = request.structured_output_request
@@ -211,16 +212,35 @@ def _tree_grammar(manager: Any, request: Any) -> Any:
         grammar = compile_tree_grammar(
             structured.tree_request, manager.vllm_config.model_config.get_vocab_size(), params.eos_token_id
         )
-        end = grammar.tree.end_token_id
-        if end != params.eos_token_id and end not in (params.stop_token_ids or ()):
-            params.stop_token_ids = [*(params.stop_token_ids or ()), end]
-            params.all_stop_token_ids.add(end)
-        return grammar
-    except Exception as err:  # noqa: BLE001 - any failure fails this request alone
+    except Exception as err:
         logger.error("logitgate: tree request %s cannot be served: %s", request.request_id, err)
-        failed: Future = Future()
-        failed.set_exception(err)
-        return failed
+        raise
+    end = grammar.tree.end_token_id
+    if end != params.eos_token_id and end not in (params.stop_token_ids or ()):
+        params.stop_token_ids = [*(params.stop_token_ids or ()), end]
+        params.all_stop_token_ids.add(end)
+    return grammar
+
+
+_compile_pool: ThreadPoolExecutor | None = None
+
+
+def _grammar_future(manager: Any, request: Any) -> Future:
+    """The grammar as a Future, vLLM's contract for compiles (a failed one fails that request
+    alone). As vLLM does for its own grammars, a tree compiles on a worker thread, so a large tree
+    does not stall the engine's scheduling loop for every other request; synchronously where vLLM
+    compiles synchronously (external_launcher: every rank must see the same ready step)."""
+    global _compile_pool
+    if getattr(manager, "_use_async_grammar_compilation", False):
+        if _compile_pool is None:
+            _compile_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="logitgate-tree")
+        return _compile_pool.submit(_tree_grammar, manager, request)
+    done: Future = Future()
+    try:
+        done.set_result(_tree_grammar(manager, request))
+    except Exception as err:  # noqa: BLE001 - any failure fails this request alone
+        done.set_exception(err)
+    return done
 
 
 def _ensure_bitmask(manager: Any) -> None:
@@ -246,7 +266,7 @@ def _patch_grammar_init() -> str:
         if not isinstance(request.structured_output_request, TreeOutputRequest):
             return original(self, request)
         _ensure_bitmask(self)
-        request.structured_output_request.grammar = _tree_grammar(self, request)
+        request.structured_output_request.grammar = _grammar_future(self, request)
 
     StructuredOutputManager.grammar_init = grammar_init
     return "StructuredOutputManager.grammar_init (trees compiled by logitgate)"
