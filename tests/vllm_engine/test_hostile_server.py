@@ -65,6 +65,8 @@ def completion(server, demo, **body):
 
 
 def test_beam_search_under_a_tree_is_refused_and_n_keeps_the_tree(server, demo):
+    from logitgate.models.demo import load_catalog
+
     tree, model, _ = demo
     status, body = completion(server, demo, use_beam_search=True, n=2, temperature=0, vllm_xargs={"tree_decode": "catalog"})
     assert status == 400 and "beam search cannot be served under a tree" in body["error"]["message"], body
@@ -80,6 +82,7 @@ def test_beam_search_under_a_tree_is_refused_and_n_keeps_the_tree(server, demo):
     assert status == 200 and all(on_tree(tree, c["token_ids"]) for c in body["choices"]), body
     status, body = post(f"{server.url}/v1/chat/completions", {**chat, "use_beam_search": False, "temperature": 1.0})
     assert status == 200 and len(body["choices"]) == 2, body
+    assert all(c["message"]["content"] in load_catalog() for c in body["choices"]), body  # the chat path keeps it
 
 
 def test_a_tree_name_too_long_for_the_file_system_is_the_clients_400(server, demo):
