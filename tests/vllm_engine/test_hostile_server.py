@@ -118,7 +118,7 @@ def test_a_prompt_not_ending_in_the_start_token_is_warned_once_per_request(serve
     assert len(warned) == 1, warned
 
 
-@pytest.mark.parametrize("content, reason", [(None, "no such file"), ("{not json", "not valid JSON")])
+@pytest.mark.parametrize("content, reason", [(None, "No such file or directory"), ("{not json", "not valid JSON")])
 def test_a_broken_server_wide_tree_stops_the_server_at_start_up(tmp_path, content, reason):
     path = tmp_path / "global.json"
     if content is not None:

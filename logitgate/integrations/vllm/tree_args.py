@@ -14,6 +14,7 @@ Import-light (no torch, no numba): vLLM's front end and engine call it for every
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -61,21 +62,31 @@ def _named_tree(name: str, key: str) -> Path:
 
 
 def check_global_tree() -> None:
-    """At start-up (plugin registration): the server-wide tree, if set, is a readable, well-formed
-    prefix dict; ValueError with the path and the reason, so the operator's mistake stops the server
-    instead of refusing every request. Token ids are checked against the model at the first request."""
+    """At start-up (plugin registration): the server-wide tree, if set, is a readable JSON object
+    with a prefix dict's fields; ValueError with the path and the reason, so the operator's mistake
+    stops the server instead of refusing every request. Only the standard library here: the full
+    parser (logitgate.structured) loads numba, which must not be loaded before vLLM-CPU's worker
+    starts; keys and token ids are checked with the model's vocabulary at the first request."""
     path = os.environ.get(GLOBAL_TREE_ENV)
     if not path:
         return
-    from ...structured.tree_loaders import load_json, parse_prefix_dict  # numpy only: no numba at start-up
-
     try:
-        if not Path(path).is_file():
-            raise ValueError("no such file")
-        parse_prefix_dict(load_json(Path(path), "prefix dict config")[0])
-    except (OSError, ValueError) as err:
-        reason = err.strerror if isinstance(err, OSError) else str(err)
-        raise ValueError(f"{GLOBAL_TREE_ENV}={path!r} cannot serve as the server-wide tree: {reason}") from None
+        with open(path, "rb") as f:
+            config = json.load(f)
+        if not isinstance(config, dict):
+            raise ValueError(f"not a JSON object but {type(config).__name__}")
+        missing = [key for key in ("start_token_id", "end_token_id", "prefix_dict") if key not in config]
+        if missing:
+            raise ValueError(f"missing {', '.join(map(repr, missing))}")
+        if not isinstance(config["prefix_dict"], dict):
+            raise ValueError(f"'prefix_dict' is not a JSON object but {type(config['prefix_dict']).__name__}")
+    except OSError as err:
+        reason = err.strerror or str(err)
+    except ValueError as err:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        reason = f"not valid JSON ({err})" if isinstance(err, json.JSONDecodeError) else str(err)
+    else:
+        return
+    raise ValueError(f"{GLOBAL_TREE_ENV}={path!r} cannot serve as the server-wide tree: {reason}")
 
 
 def resolve_tree_args(extra_args: Mapping[str, Any] | None) -> dict[str, Any] | None:
