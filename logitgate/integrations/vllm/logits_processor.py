@@ -30,6 +30,8 @@ from ...sampling.processors.tree import Tree
 from . import tree_route
 from .tree_args import tree_request_for
 
+__all__ = ["FQCN", "VLLM_AVAILABLE", "TreeDecodeLogitsProcessor", "admit_tree_args"]
+
 logger = logging.getLogger(__name__)
 
 try:
@@ -41,9 +43,18 @@ except ImportError as exc:  # vLLM is optional: fall back to logitgate's identic
     _Base = _LogitgateLogitsProcessor
     VLLM_AVAILABLE = False
 
-__all__ = ["FQCN", "VLLM_AVAILABLE", "TreeDecodeLogitsProcessor"]
 
 FQCN = "logitgate.integrations.vllm:TreeDecodeLogitsProcessor"
+
+
+def admit_tree_args(sampling_params: Any) -> None:
+    """The processors' front-end check (both runners): the request's tree, if any, admitted
+    without knowing the vocabulary; ValueError names the problem."""
+    request = tree_request_for(sampling_params)
+    if request is not None:
+        from .tree_admission import admit
+
+        admit(request, None, getattr(sampling_params, "eos_token_id", None))
 
 
 def _vocab_size(vllm_config: Any) -> int:
@@ -92,12 +103,11 @@ class TreeDecodeLogitsProcessor(_Base):
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
-        """Called by vLLM's front end for every request (before it reaches a worker): checks the
-        tree arguments and compiles the tree on the CPU (cached), so a malformed tree is an HTTP 400.
-        Token ids are checked against the vocabulary only in the worker, which knows it."""
-        request = tree_request_for(sampling_params)
-        if request is not None:
-            request.compile(vocab_size=None)
+        """Called by vLLM's front end for every request (before it reaches a worker): admits the
+        tree (tree_admission.py: parsed within the operator's limits, not compiled), so a malformed
+        tree is an HTTP 400. Token ids are checked against the vocabulary only in the worker, which
+        knows it."""
+        admit_tree_args(sampling_params)
 
     def is_argmax_invariant(self) -> bool:
         return False

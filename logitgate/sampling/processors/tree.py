@@ -54,13 +54,19 @@ class TreeRequest(NamedTuple):
     path: str | None = None
     model_id: str | None = None
 
+    def end_token(self, vocab_size: int | None, eos_token_id: int | None = None) -> int | None:
+        """A token trie's end token (its own, else `eos_token_id`), checked; None for a prefix dict
+        (its config names it)."""
+        if self.kind != TOKEN_TRIE:
+            return None
+        end = self.end_token_id if self.end_token_id is not None else eos_token_id
+        if end is None:
+            raise ValueError(f"extra_args[{TOKEN_TRIE!r}] needs extra_args[{END_TOKEN_ID!r}]: the token that ends an item")
+        return check_token_id(end, f"extra_args[{END_TOKEN_ID!r}]" if self.end_token_id is not None else "eos_token_id", vocab_size)
+
     def compile(self, vocab_size: int | None, device: Any = "cpu", eos_token_id: int | None = None) -> TreeDFA:
         """The compiled (cached) TreeDFA; ValueError names the extra_args key at fault."""
-        if self.kind == TOKEN_TRIE:
-            end = self.end_token_id if self.end_token_id is not None else eos_token_id
-            if end is None:
-                raise ValueError(f"extra_args[{TOKEN_TRIE!r}] needs extra_args[{END_TOKEN_ID!r}]: the token that ends an item")
-            check_token_id(end, f"extra_args[{END_TOKEN_ID!r}]" if self.end_token_id is not None else "eos_token_id", vocab_size)
+        end = self.end_token(vocab_size, eos_token_id)
         try:
             if self.kind == TREE_DECODE:
                 return TreeDFA.from_prefix_dict(self.source, vocab_size=vocab_size, device=device)

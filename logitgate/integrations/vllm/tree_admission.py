@@ -1,0 +1,139 @@
+"""Admission of a tree request in vLLM's front end: is the tree well formed, made of the model's
+token ids and within the operator's size limits? The tree is parsed, never compiled: the front end
+keeps no compiled tree (the engine compiles it, once), and the cost is one linear, vectorised parse
+(tree_loaders), bounded by the byte limit.
+
+Limits (the server's environment; 0 turns one off) apply to trees a request carries; the
+operator's own trees (`LOGITGATE_TREE_DIR`, `LOGITGATE_TREE_DECODE_CONFIG`) are not limited:
+- `LOGITGATE_TREE_MAX_BYTES` (default 8 MiB): the tree's JSON text;
+- `LOGITGATE_TREE_MAX_NODES` (default 1,000,000): token ids as written (a prefix dict's key parts
+  and candidates, a trie's leaf tokens), which bound the compiled tree's nodes;
+- `LOGITGATE_TREE_MAX_DEPTH` (default 4096): the longest path (a prefix dict's longest key, a trie's
+  longest leaf).
+
+`admit(request, vocab_size, eos_token_id)` -> `TreeShape` or ValueError naming the problem. Another
+library-side limit (structured/), once it exists, can replace `TreeLimits` without changing callers.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+__all__ = ["LIMIT_ENVS", "TreeLimits", "TreeShape", "admit"]
+
+LIMIT_ENVS = {
+    "max_bytes": ("LOGITGATE_TREE_MAX_BYTES", 8 << 20),
+    "max_nodes": ("LOGITGATE_TREE_MAX_NODES", 1_000_000),
+    "max_depth": ("LOGITGATE_TREE_MAX_DEPTH", 4096),
+}
+_ADMITTED_MAX = 256  # tree shapes remembered (a few ints each), so a tree sent again is not parsed again
+
+
+class TreeShape(NamedTuple):
+    """What the front end knows of an admitted tree (no compiled data)."""
+
+    start_token_id: int | None  # a prefix dict's; None for a trie
+    end_token_id: int
+    nodes: int
+    depth: int
+
+
+@dataclass(frozen=True)
+class TreeLimits:
+    max_bytes: int
+    max_nodes: int
+    max_depth: int
+
+    @classmethod
+    def from_env(cls) -> TreeLimits:
+        """The operator's limits; ValueError naming the variable for a value that is not a count."""
+        values = {}
+        for field, (env, default) in LIMIT_ENVS.items():
+            text = os.environ.get(env, "").strip()
+            try:
+                values[field] = int(text) if text else default
+            except ValueError:
+                raise ValueError(f"{env}={text!r} is not a whole number (0 turns the limit off)") from None
+            if values[field] < 0:
+                raise ValueError(f"{env}={text!r} must be >= 0 (0 turns the limit off)")
+        return cls(**values)
+
+    def check(self, what: str, value: int, field: str) -> None:
+        limit = getattr(self, field)
+        if limit and value > limit:
+            env = LIMIT_ENVS[field][0]
+            raise ValueError(f"{what} is {value:,}, over this server's limit of {limit:,} ({env})")
+
+
+def _admitted_cache() -> Any:
+    global _ADMITTED
+    if _ADMITTED is None:
+        from ...structured.compile_cache import LRUCache
+
+        _ADMITTED = LRUCache(_ADMITTED_MAX)
+    return _ADMITTED
+
+
+_ADMITTED = None
+
+
+def _shape(kind: str, obj: Any, request: Any, end: int | None, vocab_size: int, limits: TreeLimits | None) -> TreeShape:
+    import numpy as np
+
+    from ...structured.tree_loaders import parse_prefix_dict, parse_sequences, parse_token_trie
+
+    if kind == "tree_decode":
+        spec = parse_prefix_dict(obj, vocab_size)
+        parts = np.diff(spec.part_offsets)
+        shape = TreeShape(spec.start_token_id, spec.end_token_id, int(spec.part_ids.size + spec.cand_ids.size),
+                          int(parts.max()) if parts.size else 0)
+        what = ("the prefix dict's token count (key parts and candidates)", "the prefix dict's longest key (parts)")
+    else:
+        trie = parse_token_trie(obj, path=request.path, model_id=request.model_id)
+        lengths = [len(seq) if isinstance(seq, (list, tuple)) else 0 for seq in trie.sequences]
+        shape = TreeShape(None, end, sum(lengths), max(lengths, default=0))
+        what = ("the token trie's token count", "the token trie's longest leaf (tokens)")
+    if limits is not None:  # a trie is checked before its tokens are flattened and checked one by one
+        limits.check(what[0], shape.nodes, "max_nodes")
+        limits.check(what[1], shape.depth, "max_depth")
+    if kind != "tree_decode":
+        parse_sequences(trie.sequences, end, vocab_size, trie.names,
+                        what=f"token trie payload (model {trie.model_id!r}, path {trie.path!r})")
+    return shape
+
+
+def admit(request: Any, vocab_size: int, eos_token_id: int | None, limits: TreeLimits | None = None) -> TreeShape:
+    """Check a resolved `TreeRequest` (tree_args.tree_request_for) as the engine would compile it,
+    without compiling; the operator's files are checked once per content (size and mtime), inline
+    JSON text once per content hash. ValueError names the extra_args key and the problem."""
+    from ...structured.compile_cache import content_hash
+    from ...structured.tree_loaders import parse_json_bytes, read_json_source
+
+    kind = request.kind
+    end = request.end_token(vocab_size, eos_token_id)  # its message names the key already
+    try:
+        operator_file = isinstance(request.source, os.PathLike)
+        if operator_file:
+            stat = Path(request.source).stat()
+            key: Any = ("file", str(request.source), stat.st_mtime_ns, stat.st_size)
+        obj, raw, where = read_json_source(request.source, "prefix dict config" if kind == "tree_decode" else "token trie payload")
+        if not operator_file:
+            limits = limits or TreeLimits.from_env()
+            if raw is not None:
+                limits.check(f"the {kind} JSON text (bytes)", len(raw), "max_bytes")
+        else:
+            limits = None
+        if raw is None:  # a dict from an in-process caller: parse it, no cache
+            return _shape(kind, obj, request, end, vocab_size, limits)
+        if not operator_file:
+            key = ("text", content_hash(raw))
+        key = (*key, kind, vocab_size, end, request.path, request.model_id, limits)
+        return _admitted_cache().get_or_create(
+            key, lambda: _shape(kind, parse_json_bytes(raw, where), request, end, vocab_size, limits)
+        )
+    except OSError as err:  # the operator's file vanished between lookup and stat
+        raise ValueError(f"extra_args[{kind!r}]: the tree file cannot be read ({err.strerror})") from None
+    except ValueError as err:
+        raise ValueError(f"extra_args[{kind!r}]: {err}") from None

