@@ -22,7 +22,6 @@ import torch
 
 from ..backends import Backend, get_backend
 from ..backends.reference import gather_csr_rows
-from ..checks import short_repr
 from .compile_cache import LRUCache, content_hash
 from .tree_graph import CODE_SHIFT, CompiledTree, TreeGraph, compile_graph, prefix_dict_graph, sequences_graph
 from ..tree_limits import TreeLimits, TreeTooLarge, cache_bytes_from_env
@@ -176,7 +175,7 @@ class TreeDFA:
                     "prefix dict: %d of %d keys can never be reached (other start token, a missing "
                     "intermediate key, or a token after the end token), e.g. %s",
                     graph.info["unreachable_keys"], graph.info["keys"],
-                    ", ".join(map(short_repr, graph.info["unreachable_examples"])),  # a key can be MBs long
+                    graph.info["unreachable_examples"],  # quoted short by prefix_dict_graph (quote_key)
                 )
             compiled = opts.compile(graph, spec.end_token_id)
             compiled.info.update(start_token_id=spec.start_token_id, sep=spec.sep)

