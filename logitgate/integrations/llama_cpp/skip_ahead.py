@@ -5,7 +5,7 @@ with a single allowed token), those tokens are appended without sampling and fed
 together with the sampled token in one `eval` batch: one forward pass instead of one per token.
 Forced tokens are the only allowed ones, so greedy outputs equal token-by-token decoding and
 sampled outputs follow the same masked distribution. `forward_passes` counts llama.cpp decode
-calls after the prompt."""
+calls after the prompt; the prompt's cached prefix is reused (`prompt_passes` counts the rest)."""
 from __future__ import annotations
 
 import math
@@ -33,6 +33,23 @@ class SkipAheadResult:
     @property
     def tokens_per_second(self) -> float:
         return len(self.tokens) / self.seconds if self.seconds > 0 else float("inf")
+
+
+def _reuse_prompt_cache(llm: Any, prompt_ids: list[int]) -> int:
+    """Evaluate the prompt, keeping the KV cache of the longest prefix it shares with what the model
+    last evaluated (as llama-cpp-python's own generate does); at least the last prompt token is
+    evaluated again, for fresh logits. Returns how many tokens were evaluated."""
+    cached = llm._input_ids[: llm.n_tokens]
+    keep = 0
+    limit = min(len(cached), len(prompt_ids) - 1)
+    while keep < limit and cached[keep] == prompt_ids[keep]:
+        keep += 1
+    if keep == 0:
+        llm.reset()
+    else:
+        llm.n_tokens = keep  # eval() drops the KV cache past n_tokens first
+    llm.eval(prompt_ids[keep:])
+    return len(prompt_ids) - keep
 
 
 def generate(
@@ -69,8 +86,7 @@ def generate(
     if seed is not None:
         llm.set_seed(seed)
     start = time.perf_counter()
-    llm.reset()
-    llm.eval(prompt_ids)
+    evaluated = _reuse_prompt_cache(llm, prompt_ids)
     processor.begin(prompt_ids)
     sampler = llm._init_sampler(
         top_k=top_k, top_p=top_p, min_p=min_p, temp=temperature, repeat_penalty=1.0,
@@ -104,6 +120,6 @@ def generate(
     text = llm.detokenize([t for t in out if t not in stops]).decode("utf-8", errors="replace")
     return SkipAheadResult(
         tokens=out, text=text, finish_reason=finish, forward_passes=passes,
-        prompt_passes=math.ceil(len(prompt_ids) / llm.n_batch), forced_tokens=forced_total,
+        prompt_passes=math.ceil(evaluated / llm.n_batch), forced_tokens=forced_total,
         sampled_tokens=len(out) - forced_total, seconds=seconds, processor=processor,
     )

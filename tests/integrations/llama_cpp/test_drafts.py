@@ -4,13 +4,15 @@ import pytest
 
 from logitgate.integrations.llama_cpp import TreeDrafts, constrain
 
-from .conftest import CITIES, load
+from llama_helpers import CITIES, load
 
 # The prompt repeats catalog items (so prompt lookup proposes them) and other text (drafts that
 # leave the tree).
 PROMPT = ("Visited: New York, then New Delhi, then Hong Kong, then Buenos Aires, then Los Angeles. "
           "Next stop:")
-ITEMS = [" " + c for c in CITIES] + [" New York City", " New Orleans", " New Delhi Station", " Buenos Aires Province"]
+# Every item starts with a word of the prompt, so prompt lookup always finds a continuation.
+ITEMS = [" New York", " New York City", " New Delhi", " New Delhi Station", " New Orleans", " Hong Kong",
+         " Buenos Aires", " Buenos Aires Province", " Los Angeles", " Los Alamos"]
 
 
 @pytest.fixture(scope="module")

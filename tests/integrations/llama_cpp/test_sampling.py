@@ -5,7 +5,7 @@ import pytest
 
 from logitgate.integrations.llama_cpp import constrain, generate
 
-from .conftest import logits_after
+from llama_helpers import logits_after
 
 scipy_stats = pytest.importorskip("scipy.stats")
 

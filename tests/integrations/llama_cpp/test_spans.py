@@ -4,7 +4,7 @@ import numpy as np
 
 from logitgate.integrations.llama_cpp import constrain
 
-from .conftest import CITIES
+from llama_helpers import CITIES
 
 
 class Script:

@@ -8,7 +8,7 @@ import pytest
 
 from logitgate.integrations.llama_cpp import constrain, generate
 
-from .conftest import CITIES, Trie, logits_after
+from llama_helpers import CITIES, Trie, logits_after
 
 PROMPT = "The capital I would like to visit next year is"
 
@@ -54,6 +54,7 @@ def test_greedy_mode_ignores_temperature(llm, city_tokens):
     for seed in range(3):
         hot = generate(llm, prompt_ids, constraint, max_tokens=40, temperature=5.0, seed=seed)
         assert hot.tokens == greedy.tokens
+        assert hot.prompt_passes == 1  # the cached prompt is reused; its last token is evaluated again
 
 
 def test_skip_ahead_saves_forward_passes(llm):
