@@ -59,6 +59,8 @@ class LlamaLogitsProcessor:
     def reset(self) -> None:
         """Forget the generation: the next call's input is a new prompt."""
         self._prompt = None
+        self._explicit = False  # begin() was called: the caller says where the prompt ends
+        self._last_pos = -1
         self._gen: list[int] = []
         self._spans: list[_Span] = [] if self.constraint.marker is not None else [_Span(0)]
         self._draft_base = None
@@ -68,6 +70,7 @@ class LlamaLogitsProcessor:
         """Start a generation after `prompt` (for loops that drive the model themselves)."""
         self.reset()
         self._prompt = np.asarray(prompt, dtype=np.intc).copy()
+        self._explicit = True
 
     # -- positions ----------------------------------------------------------------------------
 
@@ -76,29 +79,36 @@ class LlamaLogitsProcessor:
         `num_drafts` drafts, then samples positions base - 1, base, ... one call each."""
         self._draft_base, self._draft_calls, self._draft_limit = base, 0, base + num_drafts
 
-    def _position(self, input_ids: np.ndarray) -> int:
-        """How many of `input_ids` precede the token being sampled."""
+    def _position(self, input_ids: np.ndarray) -> tuple[int, bool]:
+        """How many of `input_ids` precede the token being sampled, and whether a draft told."""
         n = len(input_ids)
         base = self._draft_base
         if base is not None and base <= n <= self._draft_limit:
             pos = base + self._draft_calls
             self._draft_calls += 1
             if pos <= n:
-                return pos
+                return pos, True
         self._draft_base = None
-        return n
+        return n, False
 
     def _generated(self, input_ids: np.ndarray) -> list[int]:
-        pos = self._position(input_ids)
+        pos, drafted = self._position(input_ids)
         prompt = self._prompt
-        if prompt is None or pos < len(prompt) or not np.array_equal(input_ids[: len(prompt)], prompt):
+        # Without drafts llama-cpp-python's loop calls once per token: any other step is a new
+        # generation (say, a new prompt that extends the last one), unless begin() was called.
+        stepped = drafted or self._explicit or pos == self._last_pos + 1
+        if prompt is None or not stepped or pos < len(prompt) or not np.array_equal(input_ids[: len(prompt)], prompt):
+            # A new generation: its first call samples after the whole input (a stale draft position
+            # of an earlier generation does not apply).
             self.reset()
-            self._prompt = prompt = np.array(input_ids[:pos], dtype=np.intc)
+            pos = len(input_ids)
+            self._prompt = prompt = np.array(input_ids, dtype=np.intc)
             if self.constraint.tree_start is not None and (not pos or int(prompt[-1]) != self.constraint.tree_start):
                 logger.warning(
                     "the prompt does not end with the tree's start token %d (last prompt token: %s); "
                     "the tree starts after it", self.constraint.tree_start, int(prompt[-1]) if pos else None,
                 )
+        self._last_pos = pos
         return [int(t) for t in input_ids[len(prompt) : pos]]
 
     # -- state ----------------------------------------------------------------------------------

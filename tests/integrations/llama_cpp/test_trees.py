@@ -135,3 +135,16 @@ def test_bad_arguments(llm):
 def test_compile_cache_reuses_trees(llm):
     first = constrain(llm, strings=CITIES).tree
     assert constrain(llm, strings=list(CITIES)).tree is first
+
+
+def test_a_reused_processor_sees_a_new_prompt(llm):
+    from llama_cpp import LogitsProcessorList
+
+    constraint = constrain(llm, strings=CITIES)
+    reused = LogitsProcessorList([constraint.logits_processor()])
+    first = llm.create_completion(PROMPT, max_tokens=20, temperature=0.0, logits_processor=reused)["choices"][0]["text"]
+    # the next prompt extends the last prompt and its output: still a new generation
+    follow_up = PROMPT + first + ", and after that"
+    again = llm.create_completion(follow_up, max_tokens=20, temperature=0.0, logits_processor=reused)["choices"][0]["text"]
+    fresh = llm.create_completion(follow_up, max_tokens=20, temperature=0.0, logits_processor=constraint.processors())
+    assert again == fresh["choices"][0]["text"] and again in CITIES
