@@ -150,6 +150,8 @@ def run_case(llm, counter, name, methods, prompts, rounds, progress, constraint,
     for m in methods:
         if m.startswith("gbnf"):
             row[f"speedup_vs_{m}"] = row[f"{m}_ms"] / row["logitgate_ms"]
+            # the processor alone in llama-cpp-python's own loop (no skip-ahead)
+            row[f"processor_speedup_vs_{m}"] = row[f"{m}_ms"] / row["logitgate_processor_ms"]
     row["examples"] = {m: outputs[m][0]["text"] for m in methods}
     return row
 
