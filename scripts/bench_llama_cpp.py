@@ -15,9 +15,10 @@ Model: a tiny random Llama with the real Llama-3 tokenizer (V = 128256), written
 - json: a JSON object with a product enum (the first 200 items) and a quantity: logitgate's
   xgrammar schema vs `LlamaGrammar.from_json_schema`.
 
-Per method: median over interleaved rounds (every method once per round, each run after
-`llm.reset()`, so every run evaluates the prompt) of tokens/s (generated tokens / wall time of
-the call, prompt included), forward passes (llama.cpp decode calls after the prompt, per
+Per method, interleaved (for each prompt every method in turn, each run after `llm.reset()`, so
+every run evaluates the prompt; a warm-up round first), the median over rounds per prompt of the
+wall time of one completion (prompt included), then: ms per completion (mean over prompts),
+tokens/s (generated tokens / those times), forward passes (llama.cpp decode calls after the prompt, per
 completion), the skip ratio ((V - valid) / V per step, mean) and token agreement with logitgate's
 output (fraction of positions with the same token).
 """
@@ -93,6 +94,7 @@ def completion_run(llm, counter, prompt_ids, *, grammar=None, constraint=None, m
 def skip_ahead_run(llm, prompt_ids, constraint, *, max_tokens):
     from logitgate.integrations.llama_cpp import generate
 
+    llm.reset()  # like the other methods: the prompt is evaluated, no cache kept
     result = generate(llm, prompt_ids, constraint, max_tokens=max_tokens)
     stops = set(constraint.info.stop_token_ids)
     ids = [t for t in result.tokens if t not in stops]
@@ -119,28 +121,31 @@ def agreement(a: list[int], b: list[int]) -> float:
 
 
 def run_case(llm, counter, name, methods, prompts, rounds, progress, constraint, max_tokens):
-    """methods: name -> fn(prompt_ids) -> run dict. Interleaved: each round runs every method on
-    every prompt; the first round is a warm-up."""
-    per_round = {m: [] for m in methods}
-    outputs = {m: {} for m in methods}
+    """methods: name -> fn(prompt_ids) -> run dict. Interleaved at the finest grain: for every
+    prompt, every method runs once in turn; round 0 is a warm-up. Per method and prompt the median
+    of the timed rounds is kept (robust to another process taking the cores for a moment)."""
+    seconds = {m: [[] for _ in prompts] for m in methods}
+    outputs = {m: [None] * len(prompts) for m in methods}
     for r in range(rounds + 1):
-        for m, fn in methods.items():
-            runs = [fn(p) for p in prompts]
-            if r == 0:
-                outputs[m] = runs
-                continue
-            per_round[m].append(runs)
+        for i, p in enumerate(prompts):
+            for m, fn in methods.items():
+                run = fn(p)
+                if r == 0:
+                    outputs[m][i] = run
+                else:
+                    seconds[m][i].append(run["seconds"])
         progress.step(f"{name} round {r}/{rounds}")
     row = {"case": name, "items": None, "prompts": len(prompts), "rounds": rounds}
     reference = outputs["logitgate"]
-    for m, rounds_runs in per_round.items():
-        tps = [sum(x["tokens"] for x in runs) / sum(x["seconds"] for x in runs) for runs in rounds_runs]
-        ms = [1e3 * sum(x["seconds"] for x in runs) / len(runs) for runs in rounds_runs]
-        row[f"{m}_tokens_per_s"] = statistics.median(tps)
-        row[f"{m}_ms"] = statistics.median(ms)  # per completion
-        row[f"{m}_ms_min"], row[f"{m}_ms_max"] = min(ms), max(ms)
+    for m in methods:
+        medians = [statistics.median(t) for t in seconds[m]]
+        tokens = [x["tokens"] for x in outputs[m]]
+        row[f"{m}_tokens_per_s"] = sum(tokens) / sum(medians)
+        row[f"{m}_ms"] = 1e3 * statistics.mean(medians)  # per completion
+        per_round = [1e3 * statistics.mean(t[k] for t in seconds[m]) for k in range(rounds)]
+        row[f"{m}_ms_min"], row[f"{m}_ms_max"] = min(per_round), max(per_round)
         row[f"{m}_forward_passes"] = statistics.mean(x["passes"] for x in outputs[m])
-        row[f"{m}_tokens"] = statistics.mean(x["tokens"] for x in outputs[m])
+        row[f"{m}_tokens"] = statistics.mean(tokens)
         row[f"{m}_token_agreement"] = statistics.mean(agreement(x["ids"], y["ids"]) for x, y in zip(outputs[m], reference))
         row[f"{m}_same_text"] = statistics.mean(float(x["text"] == y["text"]) for x, y in zip(outputs[m], reference))
     row["skip_ratio"] = statistics.mean(skip_ratio(constraint, x["ids"]) for x in reference)
@@ -163,7 +168,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--items", type=int, default=1200)
     parser.add_argument("--embd", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="llama.cpp threads (default 1: on a shared host a second spinning thread that loses its core stalls every pass)")
     parser.add_argument("--out")
     parser.add_argument("--plot")
     args = parser.parse_args(argv)
