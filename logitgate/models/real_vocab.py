@@ -76,6 +76,12 @@ def _sdist_path() -> Path:
     return found[0]
 
 
+def source_distribution() -> Path:
+    """The cached llama-cpp-python source distribution (downloaded on first use); `make test` also
+    builds llama-cpp-python from it (tests/integrations/llama_cpp)."""
+    return _sdist_path()
+
+
 def _discard(path: Path, why: BaseException) -> None:
     """Drop a cached file or folder that cannot be read, so the next step rebuilds it."""
     logger.warning("cached %s is unreadable (%s: %s); rebuilding it", path, type(why).__name__, why)

@@ -1,0 +1,125 @@
+"""Skip-ahead generation over llama-cpp-python's lower-level API (`Llama.eval`, the sampler chain).
+
+Where the constraint allows exactly one continuation (a tree's unique suffix, a grammar state
+with a single allowed token), those tokens are appended without sampling and fed to the model
+together with the sampled token in one `eval` batch: one forward pass instead of one per token.
+Forced tokens are the only allowed ones, so greedy outputs equal token-by-token decoding and
+sampled outputs follow the same masked distribution. `forward_passes` counts llama.cpp decode
+calls after the prompt; the prompt's cached prefix is reused (`prompt_passes` counts the rest)."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .constraint import LlamaConstraint
+
+MAX_FORCED_TOKENS = 64  # per batch; the rest follows in the next one
+
+
+@dataclass
+class SkipAheadResult:
+    tokens: list[int]
+    text: str
+    finish_reason: str  # "stop" (a stop token), "length" (max_tokens)
+    forward_passes: int  # decode calls after the prompt
+    prompt_passes: int
+    forced_tokens: int  # tokens appended without sampling
+    sampled_tokens: int
+    seconds: float
+    processor: Any = field(repr=False, default=None)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.seconds if self.seconds > 0 else float("inf")
+
+
+def _reuse_prompt_cache(llm: Any, prompt_ids: list[int]) -> int:
+    """Evaluate the prompt, keeping the KV cache of the longest prefix it shares with what the model
+    last evaluated (as llama-cpp-python's own generate does); at least the last prompt token is
+    evaluated again, for fresh logits. Returns how many tokens were evaluated."""
+    cached = llm._input_ids[: llm.n_tokens]
+    keep = 0
+    limit = min(len(cached), len(prompt_ids) - 1)
+    while keep < limit and cached[keep] == prompt_ids[keep]:
+        keep += 1
+    if keep == 0:
+        llm.reset()
+    else:
+        llm.n_tokens = keep  # eval() drops the KV cache past n_tokens first
+    llm.eval(prompt_ids[keep:])
+    return len(prompt_ids) - keep
+
+
+def generate(
+    llm: Any,
+    prompt: str | list[int],
+    constraint: LlamaConstraint,
+    *,
+    max_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    seed: int | None = None,
+    skip_ahead: bool = True,
+    add_bos: bool = True,
+) -> SkipAheadResult:
+    """Generate from `prompt` (text, or token ids used as given) under `constraint`. The sampler
+    chain is llama-cpp-python's (`temperature` 0: greedy) with the constraint's processor first."""
+    from llama_cpp import LogitsProcessorList
+
+    if constraint.info.llm is not llm:
+        raise ValueError("the constraint was compiled for another Llama instance; build it with constrain(llm, ...)")
+    if not isinstance(max_tokens, int) or max_tokens <= 0:
+        raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+    prompt_ids = llm.tokenize(prompt.encode("utf-8"), add_bos=add_bos, special=True) if isinstance(prompt, str) else list(prompt)
+    if not prompt_ids:
+        raise ValueError("the prompt is empty")
+    if len(prompt_ids) + max_tokens > llm.n_ctx():
+        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceed the context ({llm.n_ctx()})")
+    if getattr(llm, "draft_model", None) is not None:
+        raise ValueError("skip-ahead generate() does not use draft models; use llm.create_completion for drafts")
+    processor = constraint.logits_processor()
+    stops = set(constraint.info.stop_token_ids)
+    if seed is not None:
+        llm.set_seed(seed)
+    start = time.perf_counter()
+    evaluated = _reuse_prompt_cache(llm, prompt_ids)
+    processor.begin(prompt_ids)
+    sampler = llm._init_sampler(
+        top_k=top_k, top_p=top_p, min_p=min_p, temp=temperature, repeat_penalty=1.0,
+        logits_processor=LogitsProcessorList([processor]),
+    )
+    out: list[int] = []
+    passes = forced_total = 0
+    finish = "length"
+    while len(out) < max_tokens:
+        token = sampler.sample(llm._ctx, -1)
+        if processor.error is not None:
+            raise RuntimeError(f"the constraint failed during generation: {processor.error}") from processor.error
+        out.append(token)
+        if token in stops:
+            finish = "stop"
+            break
+        forced = processor.forced_tokens(out, min(max_tokens - len(out), MAX_FORCED_TOKENS)) if skip_ahead else []
+        cut = next((i for i, t in enumerate(forced) if t in stops), None)
+        if cut is not None:
+            out += forced[: cut + 1]
+            forced_total += cut + 1
+            finish = "stop"
+            break
+        out += forced
+        forced_total += len(forced)
+        if len(out) >= max_tokens:
+            break
+        llm.eval([token, *forced])
+        passes += 1
+    seconds = time.perf_counter() - start
+    text = llm.detokenize([t for t in out if t not in stops]).decode("utf-8", errors="replace")
+    return SkipAheadResult(
+        tokens=out, text=text, finish_reason=finish, forward_passes=passes,
+        prompt_passes=math.ceil(evaluated / llm.n_batch), forced_tokens=forced_total,
+        sampled_tokens=len(out) - forced_total, seconds=seconds, processor=processor,
+    )

@@ -1,0 +1,33 @@
+"""Fixtures for the llama.cpp integration: the real llama-cpp-python and a tiny random Llama with the
+real Llama-3 tokenizer, written as a GGUF file offline (logitgate.models.tiny_gguf). Tests skip,
+saying why, only where llama-cpp-python is not installed (`make test` builds and installs it) or
+the GGUF vocabulary cannot be had."""
+from pathlib import Path
+
+import pytest
+
+_LOG = Path(__file__).resolve().parents[3] / ".whl" / "llama-cpp-build.log"
+llama_cpp = pytest.importorskip(
+    "llama_cpp",
+    reason="llama-cpp-python is not installed: `make test` builds it from its source distribution into .whl/"
+    + (f"; the last build log is {_LOG}" if _LOG.exists() else ""),
+)
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    from logitgate.models.tiny_gguf import tiny_llama_gguf
+
+    try:
+        return str(tiny_llama_gguf(vocab="llama3"))
+    except (ImportError, RuntimeError) as exc:  # gguf missing, or the registry unreachable
+        pytest.skip(f"tiny GGUF model unavailable here: {exc}")
+
+
+@pytest.fixture(scope="module")
+def llm(model_path):
+    from llama_helpers import load
+
+    model = load(model_path)
+    yield model
+    model.close()
