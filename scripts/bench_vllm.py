@@ -117,11 +117,49 @@ def json_params(temperature: float, seed: int | None = None):
                           structured_outputs=StructuredOutputsParams(json=SCHEMA))
 
 
+# A small tree over Llama-3 ids (root 1 -> 1000/2000/3000 -> ...): its complete paths end at <|end_of_text|>.
+TREE_END = 128001
+CHECK_TREE = {"start_token_id": 1, "end_token_id": TREE_END, "prefix_dict": {
+    "1": [1000, 2000, 3000], "1_1000": [1001], "1_1000_1001": [TREE_END], "1_2000": [TREE_END], "1_3000": [2001],
+    "1_3000_2001": [TREE_END]}}
+TREE_PATHS = [[1000, 1001, TREE_END], [2000, TREE_END], [3000, 2001, TREE_END]]
+
+
+def _outcome(llm, texts, params) -> list:
+    """Per request (token ids, finish reason), or the error the engine raised for the batch."""
+    try:
+        return [[list(o.outputs[0].token_ids), o.outputs[0].finish_reason] for o in llm.generate(texts, params, use_tqdm=False)]
+    except Exception as err:  # noqa: BLE001 - the test reads it
+        return [f"{type(err).__name__}: {err}"]
+
+
+def tree_check(llm, texts: list[str]) -> dict:
+    """Tree requests first in a fresh engine (a server that has seen only trees has no xgrammar
+    backend: issue 22.1), greedy and unseeded T=1 (both sample first); then a tree whose every token
+    `allowed_token_ids` bans (22.5), sampled first and, with logprobs, through vLLM's masked path."""
+    from vllm import SamplingParams
+
+    def tree(**kwargs):
+        return SamplingParams(max_tokens=8, extra_args={"tree_decode": CHECK_TREE}, **kwargs)
+
+    banned = {"allowed_token_ids": [0, 1]}
+    return {
+        "tree_greedy": _outcome(llm, texts, tree(temperature=0.0)),
+        "tree_t1": _outcome(llm, texts, tree(temperature=1.0)),
+        "banned_greedy": _outcome(llm, texts[:2], tree(temperature=0.0, **banned)),
+        "banned_greedy_logprobs": _outcome(llm, texts[:2], tree(temperature=0.0, logprobs=1, **banned)),
+        "banned_t1": _outcome(llm, texts[:2], tree(temperature=1.0, **banned)),
+        "banned_t1_logprobs": _outcome(llm, texts[:2], tree(temperature=1.0, logprobs=1, **banned)),
+    }
+
+
 def check(path: str) -> dict:
-    """The engine test's scenario (tests/vllm_engine): 16 requests, greedy, then temperature 1
-    with per-request seeds, then without; the outputs and the replacements' call counters."""
+    """The engine test's scenario (tests/vllm_engine): tree requests (`tree_check`, with the
+    plugin only), then 16 JSON requests, greedy, then temperature 1 with per-request seeds, then
+    without; the outputs and the replacements' call counters."""
     llm = start_engine(path, max_num_seqs=16)
     texts = prompts()[:16]
+    trees = tree_check(llm, texts) if os.environ.get("VLLM_PLUGINS") != "" else {}
     greedy = [list(o.outputs[0].token_ids) for o in llm.generate(texts, json_params(0.0), use_tqdm=False)]
     sampled = llm.generate(texts, [json_params(1.0, seed=i) for i in range(16)], use_tqdm=False)
     sampled_tokens = [list(o.outputs[0].token_ids) for o in sampled]
@@ -135,6 +173,7 @@ def check(path: str) -> dict:
         "sampled_finished": sum(o.outputs[0].finish_reason == "stop" for o in sampled),
         "sampled_not_json": [o.outputs[0].text for o, t in zip(sampled, sampled_tokens) if not _is_json(llm, t)],
         "routed_calls": _routed_calls(),
+        **trees,
     }
 
 

@@ -29,7 +29,8 @@ if not any(ep.name == "logitgate" for ep in entry_points(group="vllm.general_plu
 @pytest.fixture(scope="module")
 def runs():
     path = bench_vllm.build_model(bench_vllm.model_dir())
-    with_plugin = bench_vllm.run_child(sys.executable, path, True, 1, mode="--check")
+    with_plugin = bench_vllm.run_child(sys.executable, path, True, 1, mode="--check",
+                                       env_overrides={"LOGITGATE_VLLM_OPS": bench_vllm.OPS_WITH_LOGITGATE + ",tree"})
     without = bench_vllm.run_child(sys.executable, path, False, 1, mode="--check")
     return with_plugin, without
 
@@ -61,3 +62,27 @@ def test_sampled_outputs_valid_json(runs):
     # and arrays, so nearly all stop well before max_tokens.
     assert with_plugin["sampled_json_valid"] == with_plugin["sampled_finished"] >= 12
     assert with_plugin["unseeded_json_valid"] == with_plugin["unseeded_finished"] >= 12
+
+
+def test_an_engine_that_has_seen_only_trees_samples_them_first(runs):
+    """Issue 22.1: the first requests of the engine are trees (no xgrammar backend exists), every
+    row deferred; greedy and T=1 both end on complete tree paths instead of killing the engine."""
+    with_plugin, _ = runs
+    for key in ("tree_greedy", "tree_t1"):
+        outcome = with_plugin[key]
+        assert all(isinstance(row, list) for row in outcome), outcome
+        assert all(tokens in bench_vllm.TREE_PATHS and reason == "stop" for tokens, reason in outcome), outcome
+    assert len({tuple(tokens) for tokens, _ in with_plugin["tree_greedy"]}) >= 1
+
+
+def test_a_tree_whose_tokens_are_all_banned_ends_as_without_sample_first(runs):
+    """Issue 22.5: allowed_token_ids disjoint from the tree. Sampled first, the request must end as
+    vLLM's masked path ends it (logprobs keep a row off sample_first), and never with a token the
+    logits operations banned (anything but 0 and 1)."""
+    with_plugin, _ = runs
+    for mode in ("greedy", "t1"):
+        first, masked = with_plugin[f"banned_{mode}"], with_plugin[f"banned_{mode}_logprobs"]
+        assert first == masked, (mode, first, masked)
+        for row in first:
+            if isinstance(row, list):
+                assert set(row[0]) <= {0, 1}, (mode, row)
