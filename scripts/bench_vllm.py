@@ -391,6 +391,164 @@ def tree_spec_benchmark(python: str, rounds: int, repeats: int, drafters: list[s
     }
 
 
+# ---- served: `vllm serve` with vLLM's defaults, driven by vLLM's own benchmark client ----
+
+UNBOUNDED_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"},
+                   "tags": {"type": "array", "items": {"type": "string"}}},
+    "required": ["name", "age", "city", "tags"],
+}
+SERVED_SCHEMAS = {"unbounded": UNBOUNDED_SCHEMA, "bounded": SCHEMA}
+SERVED_MODES = {"greedy": {"temperature": 0.0}, "t1": {"temperature": 1.0}, "t1_seeded": {"temperature": 1.0, "seed": 7}}
+SERVED_PROMPTS, SERVED_CONCURRENCY, SERVED_INPUT_LEN = 128, 64, 32
+
+
+def start_server(python: str, path: Path | str, with_logitgate: bool, port: int, extra_env: dict | None = None,
+                 extra_args: list[str] | None = None, log: Path | None = None) -> subprocess.Popen:
+    """`python -m vllm.entrypoints.openai.api_server` (what `vllm serve` runs) with vLLM's defaults
+    (API server, engine core and worker in processes of their own), the plugin loaded or not."""
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if with_logitgate:
+        env.pop("VLLM_PLUGINS", None)
+        env["LOGITGATE_VLLM_OPS"] = OPS_WITH_LOGITGATE
+    else:
+        env["VLLM_PLUGINS"] = ""
+    env.update(extra_env or {})
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path), "--dtype", "float32",
+           "--max-num-seqs", str(SERVED_CONCURRENCY), "--max-model-len", "512", "--seed", "0", "--port", str(port),
+           "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
+           *(extra_args or [])]
+    out = open(log, "w") if log else subprocess.DEVNULL
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_healthy(server: subprocess.Popen, port: int, timeout: float = 600.0) -> float:
+    import urllib.request
+
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout:
+        if server.poll() is not None:
+            raise RuntimeError(f"server exited with {server.returncode} before it was healthy")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return time.perf_counter() - started
+        except OSError:
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"server not healthy after {timeout:.0f} s")
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    import signal
+
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGINT)  # the server's own process group: API server, engine core, worker
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def bench_client(path: Path | str, port: int, schema: dict | None, sampling: dict, prompts_n: int = SERVED_PROMPTS) -> dict:
+    """vLLM's benchmark client (`vllm bench serve`: vllm.benchmarks.serve.main, called directly):
+    random 32-token prompts, 96 output tokens, `prompts_n` requests at concurrency 64."""
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as serve_main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    extra = {key: value for key, value in sampling.items() if key != "temperature"}
+    if schema is not None:
+        extra["structured_outputs"] = {"json": schema}
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args([
+        "--backend", "openai", "--port", str(port), "--model", str(path), "--tokenizer", str(path),
+        "--dataset-name", "random", "--random-input-len", str(SERVED_INPUT_LEN), "--random-output-len", str(MAX_TOKENS),
+        "--num-prompts", str(prompts_n), "--max-concurrency", str(SERVED_CONCURRENCY), "--seed", "0",
+        "--temperature", str(sampling["temperature"]), "--extra-body", json.dumps(extra), "--save-detailed",
+        "--disable-tqdm",
+    ])
+    result = serve_main(args)
+    return {key: result[key] for key in ("duration", "completed", "failed", "total_output_tokens", "output_throughput",
+                                         "generated_texts", "errors") if key in result}
+
+
+def _schema_valid(text: str, schema: dict) -> bool:
+    """Parses (xgrammar's JSON lets raw tabs into strings: strict=False) and satisfies the schema."""
+    import jsonschema  # a dependency of vLLM's
+
+    try:
+        value = json.loads(text, strict=False)
+    except ValueError:
+        return False
+    return jsonschema.Draft202012Validator(schema).is_valid(value)
+
+
+def served_cases() -> list[tuple[str, dict | None, str]]:
+    """(name, schema or None, mode): both schemas in every mode, then the floor (no schema)."""
+    cases = [(f"{schema}_{mode}", SERVED_SCHEMAS[schema], mode) for schema in SERVED_SCHEMAS for mode in SERVED_MODES]
+    return cases + [(f"unconstrained_{mode}", None, mode) for mode in ("greedy", "t1")]
+
+
+def served_server_run(python: str, path: Path, with_logitgate: bool, port: int, log: Path) -> dict:
+    server = start_server(python, path, with_logitgate, port, log=log)
+    try:
+        start_s = wait_healthy(server, port)
+        bench_client(path, port, SCHEMA, SERVED_MODES["greedy"], prompts_n=SERVED_CONCURRENCY)  # warm-up: compiles, first steps
+        bench_client(path, port, UNBOUNDED_SCHEMA, SERVED_MODES["t1"], prompts_n=SERVED_CONCURRENCY)
+        runs = {"start_s": start_s}
+        for name, schema, mode in served_cases():
+            out = bench_client(path, port, schema, SERVED_MODES[mode])
+            texts = out.pop("generated_texts")
+            out["valid"] = sum(_schema_valid(t, schema) for t in texts) if schema else None
+            out["errors"] = [e for e in out.pop("errors") if e][:3]
+            if mode == "greedy":
+                out["texts"] = texts
+            runs[name] = out
+        return runs
+    finally:
+        stop_server(server)
+
+
+def served_benchmark(python: str, rounds: int, port: int = 8123) -> dict:
+    """Interleaved servers with and without the plugin, `rounds` of each; medians of output
+    throughput per case; greedy texts compared; schema validity counted."""
+    path = build_model(model_dir())
+    logs = Path(os.environ.get("TMPDIR", "/tmp"))
+    runs: dict[bool, list[dict]] = {True: [], False: []}
+    for r in range(rounds):
+        for with_logitgate in (True, False):
+            log = logs / f"bench_vllm_served_{'lg' if with_logitgate else 'vllm'}_{r}.log"
+            runs[with_logitgate].append(served_server_run(python, path, with_logitgate, port, log))
+    rows = []
+    for name, schema, mode in served_cases():
+        lg = statistics.median(run[name]["output_throughput"] for run in runs[True])
+        plain = statistics.median(run[name]["output_throughput"] for run in runs[False])
+        rows.append({
+            "case": f"served, {name} ({SERVED_PROMPTS} requests, concurrency {SERVED_CONCURRENCY})",
+            "mode": name,
+            "logitgate_tokens_per_s": round(lg, 1),
+            "vllm_tokens_per_s": round(plain, 1),
+            "speedup_tokens_per_s": round(lg / plain, 2),
+            "logitgate_runs": [round(run[name]["output_throughput"], 1) for run in runs[True]],
+            "vllm_runs": [round(run[name]["output_throughput"], 1) for run in runs[False]],
+            "valid": {"logitgate": [run[name]["valid"] for run in runs[True]],
+                      "vllm": [run[name]["valid"] for run in runs[False]]},
+            "completed": [run[name]["completed"] for run in runs[True] + runs[False]],
+            "errors": [e for run in runs[True] + runs[False] for e in run[name]["errors"]][:3],
+        })
+    greedy = [name for name, _, mode in served_cases() if mode == "greedy"]
+    identical = {name: all(run[name]["texts"] == runs[False][0][name]["texts"] for run in runs[True] + runs[False])
+                 for name in greedy}
+    return {"served_rows": rows, "served_greedy_identical": identical,
+            "served_start_s": {"logitgate": [round(r["start_s"], 1) for r in runs[True]],
+                               "vllm": [round(r["start_s"], 1) for r in runs[False]]}}
+
+
 def _speculative_config(drafter: str) -> dict:
     sys.path.insert(0, str(ROOT / "tests" / "vllm_engine"))
     from engine_scenarios import speculative_config
@@ -398,14 +556,26 @@ def _speculative_config(drafter: str) -> dict:
     return speculative_config(drafter)
 
 
+def run_served(python: str, rounds: int) -> dict:
+    """The served benchmark in `python` (vLLM's client imports vLLM): a child process of its own."""
+    cmd = [python, str(Path(__file__).resolve()), "--served-child", str(rounds)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"served benchmark failed (exit {proc.returncode}): {proc.stderr.strip()[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", metavar="MODEL_DIR", help=argparse.SUPPRESS)
     parser.add_argument("--check", metavar="MODEL_DIR", help=argparse.SUPPRESS)
     parser.add_argument("--tree-child", help=argparse.SUPPRESS)
-    parser.add_argument("--only", choices=("all", "json", "tree-spec"), default="all",
-                        help="json: 64 JSON-schema requests with vs without logitgate; tree-spec: tree decode "
-                             "with vs without speculative decoding (default: both)")
+    parser.add_argument("--served-child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--only", choices=("all", "served", "json", "tree-spec"), default="all",
+                        help="served: `vllm serve` with vLLM's defaults and vLLM's benchmark client, with vs without "
+                             "logitgate; json: 64 JSON-schema requests in the in-process engine with vs without "
+                             "logitgate; tree-spec: tree decode with vs without speculative decoding (default: all)")
     parser.add_argument("--drafters", default="ngram,draft_model",
                         help="tree-spec: comma list of vLLM drafters to compare with no speculation "
                              "(ngram, draft_model, eagle, eagle3; eagle heads are random: drafts are garbage)")
@@ -423,6 +593,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.repeats)), flush=True)
         return {}
+    if args.served_child:
+        print("RESULT " + json.dumps(served_benchmark(sys.executable, args.served_child)), flush=True)
+        return {}
     if args.tree_child:
         drafter = None if args.tree_child == "plain" else args.tree_child
         print("RESULT " + json.dumps(tree_child(drafter, args.repeats)), flush=True)
@@ -437,8 +610,14 @@ def main(argv: list[str] | None = None) -> dict:
         return result
     rounds, repeats = (1, 2) if args.quick else (args.rounds, args.repeats)
     result = {"benchmark": "vllm", "python": args.python, "rounds": rounds, "repeats": repeats, "rows": []}
+    if args.only in ("all", "served"):
+        served = run_served(args.python, rounds)
+        result.update(served)
+        result["rows"] = result["rows"] + served.get("served_rows", [])
     if args.only in ("all", "json"):
-        result.update(json_benchmark(args.python, rounds, repeats))
+        result.update({f"in_process_{k}" if k != "rows" else k: v for k, v in json_benchmark(args.python, rounds, repeats).items()})
+        for row in result["rows"]:
+            row["case"] = row["case"] if row["case"].startswith("served") else f"in-process, {row['case']}"
     if args.only in ("all", "tree-spec"):
         sys.path.insert(0, str(ROOT / "tests" / "vllm_engine"))
         from engine_scenarios import DRAFTERS

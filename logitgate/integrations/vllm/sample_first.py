@@ -19,24 +19,38 @@ so rows using them, and seeded rows (whose generator must draw exactly as withou
 operation), are filled as before.
 
 How it runs:
-1. The scheduler's manager (`grammar_bitmask`) leaves such rows all-ones and names them, with
-   their grammars, on the bitmask object the engine hands to the worker.
+1. The scheduler's manager (`grammar_bitmask`) leaves such rows all-ones and names them on the
+   bitmask object the engine hands to the worker, each with what will check it there: the
+   scheduler's own grammar where the runner samples in the scheduler's process (vLLM's in-process
+   executor); otherwise the output tokens the scheduler's grammar accepted since the last ones it
+   shipped, for the worker's mirror of that grammar (grammar_mirror.py).
 2. The worker (`_sample`) samples the batch; `Sampler.sample` keeps a copy of those rows' logits
    as processed. Each grammar checks its row's token (`validate_tokens` does not advance it).
-3. A rejected row is settled under its grammar. Greedy: the first of its CANDIDATES best tokens
-   the grammar accepts. Sampled: fresh draws from its row without the tokens already rejected,
-   until the grammar accepts one (rejection sampling, at most ATTEMPTS draws). Where that finds
-   nothing, or where xgrammar says the next characters are forced (its fill is cheap there), the
-   row's mask is filled and the masked argmax or a masked draw taken.
+3. A rejected row is settled under its grammar in the same step. Greedy: the first of its
+   CANDIDATES best tokens the grammar accepts. Sampled: fresh draws from its row without the
+   tokens already rejected, until the grammar accepts one (rejection sampling, at most ATTEMPTS
+   draws). Where that finds nothing, or where xgrammar says the next characters are forced (its
+   fill is cheap there), the row's mask is filled and the masked argmax or a masked draw taken.
+   Where no allowed token has a finite processed logit, the row gets token 0, as vLLM's all -inf
+   masked row does.
+4. The scheduler accepts the returned tokens into its grammars as always (a token its grammar
+   refused would end the request with vLLM's error: the check runs twice).
 
-A deferred row must never reach a sampler that does not check it: the manager defers only while
-a model runner in its own process (vLLM's in-process executor: one worker) has sampled through
-both worker-side replacements, on the CPU, without speculative decoding. A worker that cannot
-vouch for a batch (speculative decoding, argmax-invariant logits processors other than vLLM's
-min-p) fills every deferred row before sampling, as vLLM would.
+A deferred row must never reach a sampler that does not check it. The manager defers only on
+the CPU, with world size 1 (one worker samples every row), without speculative decoding or async
+scheduling, and only (a) while a runner in its own process has sampled through both worker-side
+replacements, or (b) after the worker process's sampled output has said it keeps grammar mirrors
+(`Scheduler.update_from_output` reads that), for requests without a reasoning parser and past
+their first token (whose mask the scheduler fills while the worker compiles its mirror). A mirror
+that cannot continue from where the scheduler's shipment starts, or that refuses a shipped token,
+is an error, never an unchecked row. A worker that cannot vouch for a batch (speculative decoding,
+argmax-invariant logits processors other than vLLM's min-p) fills every deferred row before
+sampling, from the same grammars, as vLLM would.
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
 import weakref
 from collections.abc import Callable
@@ -52,6 +66,8 @@ __all__ = [
     "DeferredRows", "greedy_again", "random_again", "grammar_bitmask_replacement", "row_can_sample_first", "sample_replacement",
     "sample_tokens_replacement", "sampler_sample_replacement",
 ]
+
+logger = logging.getLogger("vllm.logitgate.sample_first")
 
 SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
 _runners: "weakref.WeakSet[Any]" = weakref.WeakSet()  # model runners that sampled in this process
@@ -208,6 +224,9 @@ def update_from_output_replacement(original: Callable, name: str) -> Callable:
         if getattr(model_runner_output, WORKER_MIRRORS, False) and not self.structured_output_manager.__dict__.get(_MIRRORS_KEY):
             self.structured_output_manager.__dict__[_MIRRORS_KEY] = True
             update_from_output.routed_calls += 1
+            if _one_cpu_worker(self.vllm_config):
+                logger.info("logitgate sample_first: the worker process checks rows sampled before their masks, "
+                            "with its own mirrors of the grammars")
         return original(self, scheduler_output, model_runner_output)
 
     return mark_replacement(update_from_output, original, name)  # routed_calls: workers found mirroring
@@ -235,7 +254,7 @@ def _mirrors_of(runner: Any, wanted: bool) -> Any:
             from .grammar_mirror import GrammarMirrors
 
             mirrors = runner.__dict__[_MIRROR_KEY] = GrammarMirrors(config)
-    return mirrors or None
+    return mirrors if mirrors is not False else None  # (an empty GrammarMirrors is falsy)
 
 
 def _track_requests(mirrors: Any, runner: Any) -> None:
@@ -265,6 +284,23 @@ def _resolve(runner: Any, deferred: dict, mirrors: Any) -> dict[str, tuple[Any, 
     return resolved
 
 
+def _without_deferred(grammar_output: Any, deferred: dict) -> Any:
+    """The grammar output without the deferred rows (all-ones: applying them changes nothing but
+    costs a pass over their logits); None when every row is deferred."""
+    ids = getattr(grammar_output, "structured_output_request_ids", None)
+    if ids is None or not dataclasses.is_dataclass(grammar_output):
+        return grammar_output
+    keep = [i for i, req_id in enumerate(ids) if req_id not in deferred]
+    if not keep:
+        return None
+    changes: dict[str, Any] = {"structured_output_request_ids": [ids[i] for i in keep],
+                               "grammar_bitmask": np.asarray(grammar_output.grammar_bitmask)[keep]}
+    drafts = getattr(grammar_output, "num_acceptable_drafts", None)
+    if drafts is not None:
+        changes["num_acceptable_drafts"] = [drafts[i] for i in keep]
+    return dataclasses.replace(grammar_output, **changes)
+
+
 def sample_tokens_replacement(original: Callable, name: str) -> Callable:
     """GPUModelRunner.sample_tokens: marks the process as sampling in-process, keeps the worker's
     grammar mirrors (a worker process of its own), hands the deferred rows of this batch to
@@ -278,6 +314,7 @@ def sample_tokens_replacement(original: Callable, name: str) -> Callable:
             _track_requests(mirrors, self)
         if deferred:
             self.__dict__[_DEFERRED_KEY] = (_resolve(self, deferred, mirrors), grammar_output.grammar_bitmask.shape[1])
+            grammar_output = _without_deferred(grammar_output, deferred)
         try:
             output = original(self, grammar_output)
         finally:
