@@ -474,7 +474,7 @@ def bench_client(path: Path | str, port: int, schema: dict | None, sampling: dic
     ])
     result = serve_main(args)
     return {key: result[key] for key in ("duration", "completed", "failed", "total_output_tokens", "output_throughput",
-                                         "generated_texts", "errors") if key in result}
+                                         "generated_texts", "output_lens", "errors") if key in result}
 
 
 def _schema_valid(text: str, schema: dict) -> bool:
@@ -503,7 +503,8 @@ def served_server_run(python: str, path: Path, with_logitgate: bool, port: int, 
         runs = {"start_s": start_s}
         for name, schema, mode in served_cases():
             out = bench_client(path, port, schema, SERVED_MODES[mode])
-            texts = out.pop("generated_texts")
+            texts, lengths = out.pop("generated_texts"), out.pop("output_lens")
+            out["finished"] = sum(n < MAX_TOKENS for n in lengths)  # the others stopped at max_tokens, mid-object
             out["valid"] = sum(_schema_valid(t, schema) for t in texts) if schema else None
             out["errors"] = [e for e in out.pop("errors") if e][:3]
             if mode == "greedy":
@@ -524,6 +525,8 @@ def served_benchmark(python: str, rounds: int, port: int = 8123) -> dict:
         for with_logitgate in (True, False):
             log = logs / f"bench_vllm_served_{'lg' if with_logitgate else 'vllm'}_{r}.log"
             runs[with_logitgate].append(served_server_run(python, path, with_logitgate, port, log))
+            summary = {name: round(run["output_throughput"], 1) for name, run in runs[with_logitgate][-1].items() if name != "start_s"}
+            print(f"SERVER {'logitgate' if with_logitgate else 'vllm'} round {r}: {json.dumps(summary)}", file=sys.stderr, flush=True)
     rows = []
     for name, schema, mode in served_cases():
         lg = statistics.median(run[name]["output_throughput"] for run in runs[True])
@@ -536,8 +539,8 @@ def served_benchmark(python: str, rounds: int, port: int = 8123) -> dict:
             "speedup_tokens_per_s": round(lg / plain, 2),
             "logitgate_runs": [round(run[name]["output_throughput"], 1) for run in runs[True]],
             "vllm_runs": [round(run[name]["output_throughput"], 1) for run in runs[False]],
-            "valid": {"logitgate": [run[name]["valid"] for run in runs[True]],
-                      "vllm": [run[name]["valid"] for run in runs[False]]},
+            "valid_of_finished": {"logitgate": [f"{run[name]['valid']}/{run[name]['finished']}" for run in runs[True]],
+                                  "vllm": [f"{run[name]['valid']}/{run[name]['finished']}" for run in runs[False]]},
             "completed": [run[name]["completed"] for run in runs[True] + runs[False]],
             "errors": [e for run in runs[True] + runs[False] for e in run[name]["errors"]][:3],
         })
