@@ -224,9 +224,8 @@ def update_from_output_replacement(original: Callable, name: str) -> Callable:
         if getattr(model_runner_output, WORKER_MIRRORS, False) and not self.structured_output_manager.__dict__.get(_MIRRORS_KEY):
             self.structured_output_manager.__dict__[_MIRRORS_KEY] = True
             update_from_output.routed_calls += 1
-            if _one_cpu_worker(self.vllm_config):
-                logger.info("logitgate sample_first: the worker process checks rows sampled before their masks, "
-                            "with its own mirrors of the grammars")
+            logger.info("logitgate sample_first: the worker process checks rows sampled before their masks, "
+                        "with its own mirrors of the grammars")
         return original(self, scheduler_output, model_runner_output)
 
     return mark_replacement(update_from_output, original, name)  # routed_calls: workers found mirroring
