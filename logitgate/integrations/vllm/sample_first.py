@@ -19,24 +19,38 @@ so rows using them, and seeded rows (whose generator must draw exactly as withou
 operation), are filled as before.
 
 How it runs:
-1. The scheduler's manager (`grammar_bitmask`) leaves such rows all-ones and names them, with
-   their grammars, on the bitmask object the engine hands to the worker.
+1. The scheduler's manager (`grammar_bitmask`) leaves such rows all-ones and names them on the
+   bitmask object the engine hands to the worker, each with what will check it there: the
+   scheduler's own grammar where the runner samples in the scheduler's process (vLLM's in-process
+   executor); otherwise the output tokens the scheduler's grammar accepted since the last ones it
+   shipped, for the worker's mirror of that grammar (grammar_mirror.py).
 2. The worker (`_sample`) samples the batch; `Sampler.sample` keeps a copy of those rows' logits
    as processed. Each grammar checks its row's token (`validate_tokens` does not advance it).
-3. A rejected row is settled under its grammar. Greedy: the first of its CANDIDATES best tokens
-   the grammar accepts. Sampled: fresh draws from its row without the tokens already rejected,
-   until the grammar accepts one (rejection sampling, at most ATTEMPTS draws). Where that finds
-   nothing, or where xgrammar says the next characters are forced (its fill is cheap there), the
-   row's mask is filled and the masked argmax or a masked draw taken.
+3. A rejected row is settled under its grammar in the same step. Greedy: the first of its
+   CANDIDATES best tokens the grammar accepts. Sampled: fresh draws from its row without the
+   tokens already rejected, until the grammar accepts one (rejection sampling, at most ATTEMPTS
+   draws). Where that finds nothing, or where xgrammar says the next characters are forced (its
+   fill is cheap there), the row's mask is filled and the masked argmax or a masked draw taken.
+   Where no allowed token has a finite processed logit, the row gets token 0, as vLLM's all -inf
+   masked row does.
+4. The scheduler accepts the returned tokens into its grammars as always (a token its grammar
+   refused would end the request with vLLM's error: the check runs twice).
 
-A deferred row must never reach a sampler that does not check it: the manager defers only while
-a model runner in its own process (vLLM's in-process executor: one worker) has sampled through
-both worker-side replacements, on the CPU, without speculative decoding. A worker that cannot
-vouch for a batch (speculative decoding, argmax-invariant logits processors other than vLLM's
-min-p) fills every deferred row before sampling, as vLLM would.
+A deferred row must never reach a sampler that does not check it. The manager defers only on
+the CPU, with world size 1 (one worker samples every row), without speculative decoding or async
+scheduling, and only (a) while a runner in its own process has sampled through both worker-side
+replacements, or (b) after the worker process's sampled output has said it keeps grammar mirrors
+(`Scheduler.update_from_output` reads that), for requests without a reasoning parser and past
+their first token (whose mask the scheduler fills while the worker compiles its mirror). A mirror
+that cannot continue from where the scheduler's shipment starts, or that refuses a shipped token,
+is an error, never an unchecked row. A worker that cannot vouch for a batch (speculative decoding,
+argmax-invariant logits processors other than vLLM's min-p) fills every deferred row before
+sampling, from the same grammars, as vLLM would.
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
 import weakref
 from collections.abc import Callable
@@ -53,6 +67,8 @@ __all__ = [
     "sample_tokens_replacement", "sampler_sample_replacement",
 ]
 
+logger = logging.getLogger("vllm.logitgate.sample_first")
+
 SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
 _runners: "weakref.WeakSet[Any]" = weakref.WeakSet()  # model runners that sampled in this process
 _DEFERRED_KEY = "_logitgate_deferred_rows"
@@ -63,13 +79,15 @@ RENORMALISE_BELOW = 2.0 ** -20  # a row's remaining mass below which its probabi
 
 
 class DeferredRows(np.ndarray):
-    """The manager's bitmask with `deferred`: request id -> (grammar, temperature) of the rows
-    left all-ones."""
+    """The manager's bitmask with `deferred`: request id -> (grammar, temperature, start, tokens)
+    of the rows left all-ones. `grammar` is the scheduler's own where the runner samples in its
+    process; None across processes, where the worker's mirror (grammar_mirror.py) stands in for it,
+    advanced first with `tokens`, the request's output tokens from position `start` on."""
 
-    deferred: dict[str, tuple[Any, float]]
+    deferred: dict[str, tuple[Any, float, int, tuple[int, ...]]]
 
     @classmethod
-    def wrap(cls, bitmask: np.ndarray, deferred: dict[str, tuple[Any, float]]) -> "DeferredRows":
+    def wrap(cls, bitmask: np.ndarray, deferred: dict[str, tuple[Any, float, int, tuple[int, ...]]]) -> "DeferredRows":
         out = bitmask.view(cls)
         out.deferred = deferred
         return out
@@ -78,8 +96,21 @@ class DeferredRows(np.ndarray):
         # Slices and copies are plain bitmask rows: only the object the manager returned defers.
         self.deferred = {}
 
+    def __reduce_ex__(self, protocol: int) -> tuple:
+        # To the worker process with its rows: a grammar object in them fails to pickle, loudly.
+        return _rebuild, (np.asarray(self), self.deferred)
+
+
+def _rebuild(bitmask: np.ndarray, deferred: dict) -> DeferredRows:
+    return DeferredRows.wrap(bitmask, deferred)
+
 
 # ---- scheduler side: which rows to leave unfilled ----
+
+LOCAL, MIRRORED = "local", "mirrored"  # where a deferred row is checked: the scheduler's grammar, the worker's mirror
+_MIRRORS_KEY = "_logitgate_worker_mirrors"  # on the manager: its worker said it mirrors grammars
+_SHIPPED_KEY = "_logitgate_shipped"  # on a request: output tokens already shipped to the worker's mirror
+WORKER_MIRRORS = "logitgate_mirrors_grammars"  # on a ModelRunnerOutput: the worker that sampled it mirrors
 
 
 def _replaced(function: Any) -> bool:
@@ -87,22 +118,36 @@ def _replaced(function: Any) -> bool:
 
 
 def _runner_handles_deferred(runner: Any) -> bool:
-    """A runner in this process whose class still carries both worker-side replacements and whose
-    sampler keeps the processed logits: it will see, check and redraw deferred rows."""
+    """A runner whose class still carries both worker-side replacements and whose sampler keeps
+    the processed logits: it will see, check and redraw deferred rows."""
     cls = type(runner)
     return _replaced(cls.sample_tokens) and _replaced(cls._sample) and _replaced(getattr(type(getattr(runner, "sampler", None)), "sample", None))
 
 
-def _engine_defers(manager: Any) -> bool:
-    """Rows may be deferred where a runner that handles them samples in this very process (vLLM's
-    in-process executor: one worker), on the CPU, without speculative decoding."""
-    config = manager.vllm_config
+def _one_cpu_worker(config: Any) -> bool:
+    """The layouts where the one worker that samples a batch is the one the scheduler talks to
+    and no draft rows exist: the CPU, world size 1, no speculative decoding, no async scheduling."""
     return (
-        any(_runner_handles_deferred(runner) for runner in list(_runners))
-        and getattr(config.device_config, "device_type", None) == "cpu"
+        getattr(config.device_config, "device_type", None) == "cpu"
         and config.parallel_config.world_size == 1
         and not config.num_speculative_tokens
+        and not getattr(getattr(config, "scheduler_config", None), "async_scheduling", False)
     )
+
+
+def _deferral(manager: Any) -> str | None:
+    """LOCAL where a runner that handles deferred rows samples in this very process (vLLM's
+    in-process executor); MIRRORED where the engine's worker process has said, with a sampled
+    output, that it handles them with mirrors of the grammars (and no reasoning parser shifts where
+    the grammar starts); None elsewhere: vLLM's fill."""
+    config = manager.vllm_config
+    if not _one_cpu_worker(config):
+        return None
+    if any(_runner_handles_deferred(runner) for runner in list(_runners)):
+        return LOCAL
+    if manager.__dict__.get(_MIRRORS_KEY) and getattr(manager, "reasoner_cls", None) is None:
+        return MIRRORED
+    return None
 
 
 def row_can_sample_first(params: Any) -> bool:
@@ -115,34 +160,53 @@ def row_can_sample_first(params: Any) -> bool:
     return params.seed is None and top_k <= 0 and params.top_p >= 1.0 and params.min_p <= 0.0
 
 
-def _deferrable(manager: Any, request: Any) -> bool:
+def bitmask_width(config: Any) -> int:
+    """Words of a bitmask row: ceil(V / 32), as vLLM's backends and logitgate's trees allocate it."""
+    return (config.model_config.get_vocab_size() + 31) // 32
+
+
+def _deferrable(manager: Any, request: Any, where: str) -> bool:
     structured = request.structured_output_request
     grammar = getattr(structured, "grammar", None)
     if grammar is None or grammar.is_terminated() or not row_can_sample_first(request.sampling_params):
         return False
+    if where == MIRRORED and not request.num_output_tokens:
+        return False  # the first token is filled here while the worker compiles its mirror
     bounds = getattr(manager, "_get_constraint_bounds", None)
     # Before the constraint starts (reasoning) the row is all-ones anyway: vLLM's fill handles it.
     return bounds is None or bounds(request, ()).constraint_start == 0
 
 
+def _entry(request: Any, where: str) -> tuple[Any, float, int, tuple[int, ...]]:
+    temperature = request.sampling_params.temperature
+    if where == LOCAL:
+        return request.structured_output_request.grammar, temperature, 0, ()
+    start = request.__dict__.get(_SHIPPED_KEY, 0)
+    tokens = tuple(request.output_token_ids[start:])  # what the scheduler's grammar accepted since
+    request.__dict__[_SHIPPED_KEY] = start + len(tokens)
+    return None, temperature, start, tokens
+
+
 def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
     """StructuredOutputManager.grammar_bitmask: vLLM's fill for the rows that need it, all-ones
-    rows (and the grammar, for the worker) for the rows that can sample first."""
+    rows (and what checks them, for the worker) for the rows that can sample first."""
 
     def grammar_bitmask(self, requests, structured_output_request_ids, scheduled_spec_decode_tokens):
-        if not structured_output_request_ids or not _engine_defers(self):
+        where = _deferral(self) if structured_output_request_ids else None
+        if where is None:
             return original(self, requests, structured_output_request_ids, scheduled_spec_decode_tokens)
         deferred = {
-            req_id: (requests[req_id].structured_output_request.grammar, requests[req_id].sampling_params.temperature)
+            req_id: _entry(requests[req_id], where)
             for req_id in structured_output_request_ids
-            if _deferrable(self, requests[req_id])
+            if _deferrable(self, requests[req_id], where)
         }
         if not deferred:
             return original(self, requests, structured_output_request_ids, scheduled_spec_decode_tokens)
         rows = [i for i, req_id in enumerate(structured_output_request_ids) if req_id not in deferred]
         filled_ids = [structured_output_request_ids[i] for i in rows]
         filled = original(self, requests, filled_ids, scheduled_spec_decode_tokens) if rows else None
-        width = filled.shape[1] if filled is not None else self.backend.allocate_token_bitmask(1).shape[1]
+        # A server that has seen only tree requests has no grammar backend to ask for the width.
+        width = filled.shape[1] if filled is not None else bitmask_width(self.vllm_config)
         bitmask = np.full((len(structured_output_request_ids), width), -1, dtype=np.int32)
         if filled is not None:
             bitmask[rows] = filled
@@ -152,27 +216,111 @@ def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
     return mark_replacement(grammar_bitmask, original, name)
 
 
+def update_from_output_replacement(original: Callable, name: str) -> Callable:
+    """Scheduler.update_from_output: notes that the worker mirrors grammars (its sampled output says
+    so), from which step on the manager may defer rows to it."""
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        if getattr(model_runner_output, WORKER_MIRRORS, False) and not self.structured_output_manager.__dict__.get(_MIRRORS_KEY):
+            self.structured_output_manager.__dict__[_MIRRORS_KEY] = True
+            update_from_output.routed_calls += 1
+            logger.info("logitgate sample_first: the worker process checks rows sampled before their masks, "
+                        "with its own mirrors of the grammars")
+        return original(self, scheduler_output, model_runner_output)
+
+    return mark_replacement(update_from_output, original, name)  # routed_calls: workers found mirroring
+
+
 # ---- worker side: sample, check, choose again among the rejected rows' best tokens ----
 
 
-def _deferred_of(grammar_output: Any) -> dict[str, tuple[Any, float]]:
+def _deferred_of(grammar_output: Any) -> dict[str, tuple[Any, float, int, tuple[int, ...]]]:
     return getattr(getattr(grammar_output, "grammar_bitmask", None), "deferred", None) or {}
 
 
+_MIRROR_KEY = "_logitgate_mirrors"  # on a runner: its GrammarMirrors, False where it cannot mirror
+
+
+def _mirrors_of(runner: Any, wanted: bool) -> Any:
+    """The runner's mirrors of the scheduler's grammars: made when the first row that needs them
+    arrives (`wanted`), never where this runner cannot check deferred rows itself."""
+    mirrors = runner.__dict__.get(_MIRROR_KEY)
+    if mirrors is None:
+        config = getattr(runner, "vllm_config", None)
+        if config is None or not _runner_handles_deferred(runner) or not _one_cpu_worker(config):
+            mirrors = runner.__dict__[_MIRROR_KEY] = False
+        elif wanted:
+            from .grammar_mirror import GrammarMirrors
+
+            mirrors = runner.__dict__[_MIRROR_KEY] = GrammarMirrors(config)
+    return mirrors if mirrors is not False else None  # (an empty GrammarMirrors is falsy)
+
+
+def _track_requests(mirrors: Any, runner: Any) -> None:
+    """Start the mirrors of this step's new requests that may sample first (their compile runs
+    while their first token is filled by the scheduler) and drop the finished ones."""
+    state = getattr(runner, "execute_model_state", None)
+    scheduler_output = state[0] if isinstance(state, tuple) and state else None
+    if scheduler_output is None:
+        return
+    mirrors.drop(getattr(scheduler_output, "finished_req_ids", ()))
+    for new in getattr(scheduler_output, "scheduled_new_reqs", ()):
+        if row_can_sample_first(new.sampling_params):
+            mirrors.start(new.req_id, new.sampling_params)
+
+
+def _resolve(runner: Any, deferred: dict, mirrors: Any) -> dict[str, tuple[Any, float]]:
+    """Request id -> (grammar, temperature): the scheduler's grammar, or this worker's mirror."""
+    resolved = {}
+    for req_id, (grammar, temperature, start, tokens) in deferred.items():
+        if grammar is None:
+            if mirrors is None:  # the scheduler defers to mirrors only after this worker said it has them
+                raise RuntimeError(f"logitgate sample_first: request {req_id} was left unmasked for a worker "
+                                   "that keeps no grammar mirrors")
+            state = runner.requests.get(req_id)
+            grammar = mirrors.grammar(req_id, getattr(state, "sampling_params", None), start, tokens)
+        resolved[req_id] = (grammar, temperature)
+    return resolved
+
+
+def _without_deferred(grammar_output: Any, deferred: dict) -> Any:
+    """The grammar output without the deferred rows (all-ones: applying them changes nothing but
+    costs a pass over their logits); None when every row is deferred."""
+    ids = getattr(grammar_output, "structured_output_request_ids", None)
+    if ids is None or not dataclasses.is_dataclass(grammar_output):
+        return grammar_output
+    keep = [i for i, req_id in enumerate(ids) if req_id not in deferred]
+    if not keep:
+        return None
+    changes: dict[str, Any] = {"structured_output_request_ids": [ids[i] for i in keep],
+                               "grammar_bitmask": np.asarray(grammar_output.grammar_bitmask)[keep]}
+    drafts = getattr(grammar_output, "num_acceptable_drafts", None)
+    if drafts is not None:
+        changes["num_acceptable_drafts"] = [drafts[i] for i in keep]
+    return dataclasses.replace(grammar_output, **changes)
+
+
 def sample_tokens_replacement(original: Callable, name: str) -> Callable:
-    """GPUModelRunner.sample_tokens: marks the process as sampling in-process, and hands the
-    deferred rows of this batch to `_sample`."""
+    """GPUModelRunner.sample_tokens: marks the process as sampling in-process, keeps the worker's
+    grammar mirrors (a worker process of its own), hands the deferred rows of this batch to
+    `_sample`, and says on its output that it mirrors grammars."""
 
     def sample_tokens(self, grammar_output):
         _runners.add(self)
         deferred = _deferred_of(grammar_output)
-        if not deferred:
-            return original(self, grammar_output)
-        self.__dict__[_DEFERRED_KEY] = (deferred, grammar_output.grammar_bitmask.shape[1])
+        mirrors = _mirrors_of(self, wanted=any(entry[0] is None for entry in deferred.values()))
+        if mirrors is not None:
+            _track_requests(mirrors, self)
+        if deferred:
+            self.__dict__[_DEFERRED_KEY] = (_resolve(self, deferred, mirrors), grammar_output.grammar_bitmask.shape[1])
+            grammar_output = _without_deferred(grammar_output, deferred)
         try:
-            return original(self, grammar_output)
+            output = original(self, grammar_output)
         finally:
             self.__dict__.pop(_DEFERRED_KEY, None)
+        if self.__dict__.get(_MIRROR_KEY) is not False and getattr(output, "req_ids", None):
+            setattr(output, WORKER_MIRRORS, True)  # pickled with the output to the scheduler's process
+        return output
 
     return mark_replacement(sample_tokens, original, name)
 
@@ -248,6 +396,8 @@ def _first_allowed(grammar: Any, values: list[float], tokens: list[int]) -> int 
     when the accepted one ties with the last value looked at (an equal token may lie beyond)."""
     order = sorted(range(len(tokens)), key=lambda i: (-values[i], tokens[i]))
     for i in order:
+        if values[i] == float("-inf"):  # the logits operations banned it and all below it
+            return None
         if len(grammar.validate_tokens([tokens[i]])) == 1:
             return None if values[i] == values[order[-1]] else tokens[i]
     return None
@@ -271,10 +421,14 @@ def _fill_missing(chosen: list[int | None], values: torch.Tensor, grammars: list
     if missing:
         bitmask = _fill_masks([grammars[i] for i in missing], width)
         for i, allowed in zip(missing, token_ids_from_bitmask(bitmask, values.shape[1])):
-            if len(allowed) > 1:
-                chosen[i] = allowed[pick(values[i, allowed])]
-            else:  # one allowed token (a forced state); none: token 0, as an all -inf row gives
-                chosen[i] = allowed[0] if allowed else 0
+            kept = values[i, allowed]
+            if not bool(torch.isfinite(kept).any()):
+                # Nothing allowed survives the logits operations (e.g. allowed_token_ids disjoint from
+                # the grammar): token 0, what vLLM's sampler returns for the all -inf masked row, so
+                # the request ends as it would without this operation (its grammar refuses it).
+                chosen[i] = 0
+            else:
+                chosen[i] = allowed[pick(kept)] if len(allowed) > 1 else allowed[0]
     return chosen  # type: ignore[return-value]
 
 
@@ -322,6 +476,8 @@ def random_again(logits: torch.Tensor, temperatures: list[float], grammars: list
             probs[i, token] = 0.0
             scaled[i, token] = float("-inf")
             if left[i] < RENORMALISE_BELOW:  # what is left may have underflowed: softmax it again
+                if not bool(torch.isfinite(scaled[i]).any()):
+                    continue  # every token with a finite logit is rejected: the filled mask decides
                 probs[i] = scaled[i].softmax(dim=0)
                 left[i] = 1.0
             still.append(i)
