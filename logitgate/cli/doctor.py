@@ -48,7 +48,9 @@ def vllm_plugins() -> dict[str, str | None]:
 def report(device: str | None = None) -> dict[str, Any]:
     """Everything `doctor` prints. A requested device that is unusable here is reported (backend
     "error"), not raised: saying why is the point of the doctor. An unknown name raises ValueError."""
-    cuda, npu = probe_cuda(), probe_npu()
+    from ..backends.emulated import probe_emulated_triton
+
+    cuda, npu, emulated_triton = probe_cuda(), probe_npu(), probe_emulated_triton()
     try:
         backend = get_backend(device)
     except DeviceUnavailableError as exc:
@@ -67,6 +69,8 @@ def report(device: str | None = None) -> dict[str, Any]:
             "cpu": {"available": True, "reason": f"{torch.get_num_threads()} torch threads"},
             "cuda": {"available": cuda.available, "reason": cuda.reason},
             "npu": {"available": npu.available, "reason": npu.reason},
+            "npu-emulated": {"available": True, "reason": "the NPU code paths on CPU tensors (float32 fallback)"},
+            "npu-emulated-triton": {"available": emulated_triton.available, "reason": emulated_triton.reason},
         },
         "backend": selected,
         "kernels": kernels,
