@@ -57,7 +57,9 @@ def test_the_offline_example_runs_as_a_script(tmp_path, demo):
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
                           timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-6000:]
-    tokens = json.loads(proc.stdout.strip().splitlines()[-1])
+    printed = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert printed, f"the script printed no token list:\n{proc.stdout[-3000:]}"
+    tokens = json.loads(printed[-1])
     assert is_complete_path(tree, tokens) and tok.decode(tokens[:-1]) in catalog
 
 
