@@ -37,8 +37,8 @@ def reachable_backends():
     from logitgate.backends.emulated import EmulatedNpuBackend
 
     backends = [get_backend("cpu"), EmulatedNpuBackend()]
-    if TRITON_INTERPRET and _triton_installed():
-        backends.append(EmulatedNpuBackend(triton_ascend=True, vector_cores=4))
+    if TRITON_INTERPRET and _triton_installed():  # by name, as an Ascend user's CI selects it
+        backends.append(get_backend("npu-emulated-triton"))
     cuda = probe_cuda()
     if SESSION_DEVICE == "cuda" and not cuda.available:
         raise pytest.UsageError(f"LOGITGATE_DEVICE=cuda but CUDA is unusable: {cuda.reason}")

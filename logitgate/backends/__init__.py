@@ -25,7 +25,10 @@ __all__ = [
 ]
 
 ENV_VAR = "LOGITGATE_DEVICE"
-DEVICE_KINDS = ("cpu", "cuda", "npu", "npu-emulated")
+DEVICE_KINDS = ("cpu", "cuda", "npu", "npu-emulated", "npu-emulated-triton")
+# The emulated NPU running the triton-ascend kernels (Ascend launch sizing) on CPU tensors through
+# Triton's interpreter: what an Ascend host with triton-ascend runs, reachable in CPU-only CI.
+EMULATED_TRITON = "npu-emulated-triton"
 
 # torch parses "npu" only after torch_npu has registered it (importing torch_npu renames the
 # privateuse1 backend), and with TORCH_DEVICE_BACKEND_AUTOLOAD=0 nothing imports it before
@@ -48,7 +51,7 @@ def _normalize(device: str | torch.device) -> str:
         text = device.strip().lower()
     else:
         raise ValueError(f"device must be a str, torch.device or Backend, got {type(device).__name__}")
-    if text == "npu-emulated":
+    if text in ("npu-emulated", EMULATED_TRITON):
         return text
     npu = _NPU_NAME.fullmatch(text)
     if npu:
@@ -82,6 +85,13 @@ def _build(key: str) -> Backend:
         from .emulated import EmulatedNpuBackend
 
         return EmulatedNpuBackend()
+    if key == EMULATED_TRITON:
+        from .emulated import EmulatedNpuBackend, probe_emulated_triton
+
+        probe = probe_emulated_triton()
+        if not probe.available:
+            raise DeviceUnavailableError(f"device {key!r} requested but {probe.reason}")
+        return EmulatedNpuBackend(triton_ascend=True)
     kind, index = key.split(":")
     if kind == "cuda":
         probe = probe_cuda()

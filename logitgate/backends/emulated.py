@@ -7,11 +7,23 @@ protocol (events recorded on the side stream and waited on by the main one).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 
 import torch
 
+from .detect import Probe
 from .npu import DEFAULT_VECTOR_CORES, NpuBackend
+
+
+def probe_emulated_triton() -> Probe:
+    """Whether `npu-emulated-triton` can run here: Triton installed and TRITON_INTERPRET=1 (there
+    is no NPU nor GPU for Triton to compile for, so its interpreter runs the kernels on the CPU)."""
+    if importlib.util.find_spec("triton") is None:
+        return Probe(False, "triton is not installed (pip install triton)")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return Probe(False, "TRITON_INTERPRET=1 is not set (Triton's interpreter runs the kernels on the CPU)")
+    return Probe(True, "triton-ascend kernels under TRITON_INTERPRET=1, on CPU tensors")
 
 
 class EmulatedEvent:
@@ -43,6 +55,8 @@ class EmulatedNpuBackend(NpuBackend):
         super().__init__(
             torch.device("cpu"), triton_ascend=triton_ascend, torch_compile=torch_compile, vector_cores=vector_cores
         )
+        if triton_ascend:
+            self.name = "npu-emulated-triton"  # the device name that selects this variant
         self.side_stream_entries = 0  # how often work was queued on the emulated side stream
 
     def side_stream(self):

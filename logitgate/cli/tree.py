@@ -4,6 +4,10 @@ branching histogram, memory) or every validation error, each naming its key / le
 FILE is an RTP-LLM prefix-dict config, a TokenTreePayload (needs --end-token-id) or a JSON list of
 token sequences (needs --end-token-id). Exit status: 0 valid, 1 validation errors, 2 unusable input
 (unreadable, malformed JSON or payload structure, or beyond the operator's limits LOGITGATE_TREE_MAX_*).
+
+`logitgate tree build STRINGS --tokenizer DIR|NAME --start-token-id N [--end-token-id N] [--out FILE]`:
+the prefix-dict config (a file for LOGITGATE_TREE_DIR) whose tree allows exactly the strings of
+STRINGS (one a line), tokenized as `TreeDFA.from_strings` does. Exit status 0, or 2 for bad input.
 """
 from __future__ import annotations
 
@@ -23,6 +27,16 @@ def register(subparsers: Any) -> None:
     inspect.add_argument("--path", default=None, help="TokenTreePayload descriptor path (default: all)")
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     inspect.set_defaults(func=cmd_inspect)
+    build = tree_sub.add_parser("build", help="strings (one a line) + a tokenizer -> a prefix-dict JSON")
+    build.add_argument("strings", help="text file, one allowed string a line (blank lines ignored)")
+    build.add_argument("--tokenizer", required=True, metavar="DIR|NAME",
+                       help="a local Hugging Face tokenizer directory (nothing is downloaded) or a real vocabulary "
+                       "name of logitgate.models.real_vocab (llama3, qwen2, llama2, gpt2, phi3, deepseek-coder)")
+    build.add_argument("--start-token-id", type=int, required=True,
+                       help="the token every prompt ends with (README, 'From strings to a served tree')")
+    build.add_argument("--end-token-id", type=int, default=None, help="the token after each string (default: EOS)")
+    build.add_argument("--out", default=None, metavar="FILE", help="write the JSON here (default: stdout)")
+    build.set_defaults(func=cmd_build)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -63,6 +77,69 @@ def inspect_file(
                 "trees": _inspect_payload(obj, end_token_id, vocab_size, path)}
     tree = _inspect_sequences("sequences", obj, None, end_token_id, vocab_size)
     return {"file": file, "format": "token sequences", "trees": [tree]}
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    import sys
+
+    config, stats = build_prefix_dict_file(args.strings, args.tokenizer, args.start_token_id, args.end_token_id)
+    text = json.dumps(config, separators=(",", ":"))
+    if args.out is None:
+        print(text)
+    else:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    print(f"{len(config['prefix_dict'])} keys, {stats['nodes']} nodes, depth {stats['max_depth']}; "
+          f"start {config['start_token_id']}, end {config['end_token_id']}", file=sys.stderr)
+    return 0
+
+
+def load_tokenizer_arg(spec: str) -> Any:
+    """A local Hugging Face tokenizer directory (offline), else a real_vocab name."""
+    from pathlib import Path
+
+    from ..models.real_vocab import VOCABS, load_tokenizer
+
+    if Path(spec).is_dir():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(spec, local_files_only=True)
+    if spec in VOCABS:
+        return load_tokenizer(spec)
+    raise ValueError(f"--tokenizer {spec!r} is neither a directory nor one of {', '.join(sorted(VOCABS))}")
+
+
+def build_prefix_dict_file(
+    strings_file: str, tokenizer: Any, start_token_id: int, end_token_id: int | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(prefix-dict config, its compiled tree's stats) for the strings in `strings_file` under
+    `tokenizer` (an object, or a `--tokenizer` argument). The tree compiles with the tokenizer's
+    vocabulary size before it is returned, so a bad token id is an error here, not on the server."""
+    from ..models.demo import build_prefix_dict, load_catalog
+    from ..structured.tree import TreeDFA
+    from ..structured.tree_loaders import check_token_id, tokenize_strings
+
+    tok = load_tokenizer_arg(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    try:
+        strings = load_catalog(strings_file)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"strings file {strings_file!r}: {exc}") from exc
+    if not strings:
+        raise ValueError(f"strings file {strings_file!r} holds no strings")
+    if end_token_id is None:
+        end_token_id = tok.eos_token_id
+        if end_token_id is None:
+            raise ValueError("the tokenizer has no EOS token: pass --end-token-id")
+    vocab_size = len(tok)
+    check_token_id(start_token_id, "start_token_id", vocab_size)
+    check_token_id(end_token_id, "end_token_id", vocab_size)
+    sequences, _ = tokenize_strings(strings, tok)
+    for name, seq in zip(strings, sequences):
+        if start_token_id in seq or end_token_id in seq:
+            raise ValueError(f"string {name!r} tokenizes to {seq}, which holds the start or end token")
+    config = build_prefix_dict(sequences, start_token_id=start_token_id, end_token_id=end_token_id)
+    stats = TreeDFA.from_prefix_dict(config, vocab_size=vocab_size, device="cpu", cache=False).stats()
+    return config, stats
 
 
 def _inspect_payload(obj: dict, end_token_id: int, vocab_size: int | None, path: str | None) -> list[dict]:

