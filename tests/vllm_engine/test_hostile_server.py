@@ -104,8 +104,10 @@ def test_unreachable_keys_are_logged_once_and_short(server, demo):
     status, body = completion(server, demo, temperature=0, vllm_xargs={"tree_decode": "unreachable"})
     assert status == 200 and is_complete_path(tree, body["choices"][0]["token_ids"]), body
     lines = [line for line in server.log_text().splitlines() if "can never be reached" in line]
-    assert len(lines) == 1, lines  # the engine compiles the tree; the front end only parses it
-    assert len(lines[0]) < 500, len(lines[0])
+    # Compiled once in the engine core and, with sample_first's grammar mirrors, once in the worker
+    # process; the front end only parses it (it used to compile and log it too, quoting the key whole).
+    assert 1 <= len(lines) <= 2, lines
+    assert all(len(line) < 500 for line in lines), [len(line) for line in lines]
 
 
 def test_a_prompt_not_ending_in_the_start_token_is_warned_once_per_request(server, demo):
