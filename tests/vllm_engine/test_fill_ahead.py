@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ops_helpers import needs_vllm_cpu
-from test_tree_route import CONFIG, manager_for, request
+from test_tree_route import CONFIG, init_grammar, manager_for, request
 
 pytestmark = needs_vllm_cpu
 
@@ -128,7 +128,7 @@ def test_parallel_fill_of_vllms_manager_with_tree_grammars_fills_the_same_rows()
         manager = manager_for(0)
         reqs = {f"r{i}": request(f"r{i}", {"tree_decode": CONFIG}) for i in range(len(walks))}
         for req, walk in zip(reqs.values(), walks):
-            manager.grammar_init(req)
+            init_grammar(manager, req)
             assert manager.accept_tokens(req, walk)
         if parallel:  # what _enable_parallel_fill sets, with small tasks so several threads fill
             manager.executor_for_fillmask = ThreadPoolExecutor(3)

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ops_helpers import needs_vllm_cpu
-from test_tree_route import CONFIG, manager_for, request
+from test_tree_route import CONFIG, init_grammar, manager_for, request
 
 pytestmark = needs_vllm_cpu
 
@@ -283,7 +283,7 @@ def tree_manager():
             req.sampling_params.temperature = temperature
             if i == 2:
                 req.sampling_params.top_p = 0.5  # not deferred
-            manager.grammar_init(req)
+            init_grammar(manager, req)
             reqs[req.request_id] = req
         replacement = grammar_bitmask_replacement(StructuredOutputManager.grammar_bitmask, "grammar_bitmask")
         return lambda: replacement(manager, reqs, list(reqs), {}), manager, reqs
