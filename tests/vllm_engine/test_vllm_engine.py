@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 
 from ops_helpers import needs_vllm_cpu
-from server_helpers import free_port, post, stop, wait_healthy
+from server_helpers import SERVER_TIMEOUT_S, free_port, post, stop, wait_healthy
 
 pytestmark = needs_vllm_cpu
 
 HERE = Path(__file__).resolve().parent
-ENGINE_TIMEOUT_S = 420
+ENGINE_TIMEOUT_S = SERVER_TIMEOUT_S  # an engine starts as slowly in a script as in a server
 
 
 def run_scenario(name: str, **env: str) -> dict:

@@ -45,7 +45,7 @@ def _admitted_cache() -> Any:
 _ADMITTED = None
 
 
-def _shape(kind: str, obj: Any, request: Any, end: int | None, vocab_size: int, limits: TreeLimits | None) -> TreeShape:
+def _shape(kind: str, obj: Any, request: Any, end: int | None, vocab_size: int, limits: TreeLimits) -> TreeShape:
     import numpy as np
 
     from ...structured.tree_loaders import parse_prefix_dict, parse_sequences, parse_token_trie
@@ -61,9 +61,9 @@ def _shape(kind: str, obj: Any, request: Any, end: int | None, vocab_size: int, 
         lengths = [len(seq) if isinstance(seq, (list, tuple)) else 0 for seq in trie.sequences]
         shape = TreeShape(None, end, sum(lengths), max(lengths, default=0))
         what = ("the token trie (leaf tokens)", "the token trie (longest leaf)")
-    if limits is not None:  # a trie is checked before its tokens are flattened and checked one by one
-        limits.check_nodes(shape.nodes, what[0])
-        limits.check_depth(shape.depth, what[1])
+    # A trie is checked here, before its tokens are flattened and checked one by one.
+    limits.check_nodes(shape.nodes, what[0])
+    limits.check_depth(shape.depth, what[1])
     if kind != "tree_decode":
         parse_sequences(trie.sequences, end, vocab_size, trie.names,
                         what=f"token trie payload (model {trie.model_id!r}, path {trie.path!r})")
