@@ -44,6 +44,11 @@ def test_page_examples_run(page, capsys):
         exec(compile(code, f"{_name(page)}[python block {index}]", "exec"), namespace)
 
 
+def test_readme_vllm_script_is_the_tested_one():
+    """The README's ```py script is docs/vllm.md's, which tests/vllm_engine/test_readme_vllm.py runs in a real engine."""
+    assert _blocks(README, "py") == _blocks(DOCS / "vllm.md", "py") != []
+
+
 def test_readme_is_a_front_page():
     lines = README.read_text().count("\n")
     assert lines <= MAX_README_LINES, f"README.md has {lines} lines (at most {MAX_README_LINES}): move the detail to docs/"
