@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..backends.reference import num_bitmask_words
+from ..backends.formats import num_bitmask_words
 from ..checks import short_repr
 from .tree import TreeDFA
 
@@ -426,7 +426,7 @@ def fused_plan(sampler, plan: TreeStepPlan, logits: torch.Tensor, metadata) -> t
     group drawn by Backend.sample_candidates instead of gathered and run through the Sampler's ops.
     Dense rows (masked in place) take the Sampler."""
     from ..backends import backend_for_tensor
-    from ..backends.reference import draw_uniforms
+    from ..backends.sampling_rules import draw_uniforms
     from ..sampling.ops import check_logits, check_top_p_values
     from ..sampling.params import SAMPLING_EPS
     from ..sampling.sparse import select_rows
