@@ -47,6 +47,12 @@ def test_the_docstring_table_is_the_registry():
     assert all(v.name.startswith(envs.PREFIX) and v.type and v.default and v.meaning for v in envs.VARIABLES.values())
 
 
+def test_the_configuration_page_lists_every_variable():
+    page = (PACKAGE.parent / "docs" / "configuration.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`") for line in page.splitlines() if line.startswith("| `LOGITGATE_")}
+    assert rows == set(envs.VARIABLES)
+
+
 def test_no_module_reads_a_logitgate_variable_around_envs():
     """os.environ.get / os.getenv / os.environ[...] with a LOGITGATE_ literal, or with a computed
     name outside SAVES_OR_PRINTS, bypasses the registry."""
