@@ -1,11 +1,10 @@
 import os
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from logitgate.backends import Backend, clear_backend_cache, get_backend, probe_cuda
-from tests.helpers.sampling_helpers import interpreted_triton
+from logitgate.backends import clear_backend_cache, get_backend, probe_cuda
+from tests.helpers.markers import markers_for
 
 settings.register_profile(
     "logitgate",
@@ -65,22 +64,9 @@ def _isolate_backend_env(monkeypatch):
     clear_backend_cache()
 
 
-# ---- markers (registered in pyproject.toml), set here by where a test is and what it runs ----------
-ENGINE_DIR = Path(__file__).parent / "vllm_engine"
-
-
-def runs_interpreted_triton(item) -> bool:
-    """A test instance given a backend that runs Triton kernels under TRITON_INTERPRET=1, or one
-    guarded by a `skipif(... reason="needs TRITON_INTERPRET=1")`."""
-    params = getattr(item, "callspec", None)
-    if params and any(isinstance(v, Backend) and interpreted_triton(v) for v in params.params.values()):
-        return True
-    return any("TRITON_INTERPRET=1" in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif"))
-
-
 def pytest_collection_modifyitems(config, items):
+    """The `engine`, `interpreter` and `slow` markers (pyproject.toml), by where a test is and
+    what it runs: tests/helpers/markers.py."""
     for item in items:
-        if ENGINE_DIR in item.path.parents:
-            item.add_marker(pytest.mark.engine)
-        if runs_interpreted_triton(item):
-            item.add_marker(pytest.mark.interpreter)
+        for name in markers_for(item):
+            item.add_marker(name)

@@ -1,0 +1,72 @@
+"""The markers tests/conftest.py sets on every collected test (registered in pyproject.toml):
+`engine` for tests/vllm_engine, `interpreter` for Triton kernels run under TRITON_INTERPRET=1, and
+`slow` for the tests listed in SLOW. `make test-fast` runs `-m "not slow and not interpreter"`."""
+from pathlib import Path
+
+from logitgate.backends import Backend
+from tests.helpers.sampling_helpers import interpreted_triton
+
+TESTS_DIR = Path(__file__).resolve().parents[1]
+ENGINE_DIR = TESTS_DIR / "vllm_engine"
+
+# Tests over ~5 s on this project's 2-core CPU host (`--durations=0`, numba's compile cache warm),
+# `make test-fast` leaves them out: a folder ("x/"), a file, or "file::test" (all its parameters),
+# relative to tests/. Mostly subprocesses, real tokenizers, the demo models, and chi-square tests
+# with many samples. tests/test_markers.py checks every entry still names a test.
+SLOW = (
+    "integrations/llama_cpp/",
+    "test_readme.py",
+    "backends/test_triton_tree_compile.py",
+    "backends/test_npu_by_name.py",
+    "backends/test_import_isolation.py::test_triton_kernels_do_not_import_numba",
+    "cli/test_demo_assets.py",
+    "cli/test_demo_cli.py::test_progress_lines_per_phase_on_stderr_never_in_the_json",
+    "cli/test_demo_cli.py::test_npu_emulated_with_a_user_tree",
+    "cli/test_demo_cli.py::test_local_hugging_face_model_with_ngram_drafts",
+    "cli/test_tree_cli.py::test_build_for_llama3_and_its_start_tokens",
+    "cli/test_bench_cli.py::test_plot_is_log_scale_with_machine_and_threads_in_title",
+    "decode/test_generate.py::test_constrained_sampling_follows_the_exact_distribution",
+    "decode/test_generate.py::test_sampled_tree_rows_in_a_mixed_batch_follow_the_exact_distribution",
+    "hostile/test_hostile_manager_threads.py::test_real_xgrammar_matchers_survive_two_threads_stepping_the_same_batch",
+    "hostile/test_hostile_generate.py::test_demo_with_a_tree_ending_in_a_separator_matches_plain_greedy",
+    "models/test_real_vocab.py",
+    "models/test_hf_byte_tokenizer.py::test_hugging_face_loads_model_and_tokenizer_from_one_directory",
+    "models/test_hf_byte_tokenizer.py::test_demo_runs_on_the_embedded_model_directory",
+    "sampling/test_sparse_sampling.py::test_random_draws_follow_the_masked_distribution",
+    "sampling/test_sampling_ops.py::test_top_k_top_p_large_vocab",
+    "sampling/test_processors_fuzz.py::test_processors_follow_a_shuffled_persistent_batch",
+    "scripts/test_gpu_check.py",
+    "structured/test_xgrammar_backend.py::test_real_vocabulary_json_bitmask_allows_exactly_the_right_tokens",
+    "structured/test_tree_real_tokenizers.py",
+    "test_markers.py::test_interpreter_marks_exactly_the_interpreted_triton_instances",
+)
+
+
+def is_slow(item, path: Path) -> bool:
+    rel = path.relative_to(TESTS_DIR).as_posix()
+    for entry in SLOW:
+        where, _, name = entry.partition("::")
+        if (rel.startswith(where) if where.endswith("/") else rel == where) and name in ("", item.originalname):
+            return True
+    return False
+
+
+def runs_interpreted_triton(item) -> bool:
+    """A test instance given a backend that runs Triton kernels under TRITON_INTERPRET=1, or one
+    guarded by a `skipif(... reason="needs TRITON_INTERPRET=1")`."""
+    params = getattr(item, "callspec", None)
+    if params and any(isinstance(v, Backend) and interpreted_triton(v) for v in params.params.values()):
+        return True
+    return any("TRITON_INTERPRET=1" in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif"))
+
+
+def markers_for(item) -> list[str]:
+    path = item.path.resolve()
+    names = []
+    if ENGINE_DIR in path.parents:
+        names.append("engine")
+    if runs_interpreted_triton(item):
+        names.append("interpreter")
+    if TESTS_DIR in path.parents and is_slow(item, path):
+        names.append("slow")
+    return names
