@@ -117,9 +117,10 @@ test: lint $(STAMP) $(if $(VLLM_SPEC),$(VLLM_STAMP)) $(if $(VLLM_ENGINE_SPEC),$(
 
 # The edit-test loop: the main suite without the `slow` tests and without the Triton kernels under
 # the interpreter (markers: pyproject.toml, set in tests/conftest.py). Needs no engine venv and no
-# llama.cpp build (those tests skip, saying why, where it was never built).
+# llama.cpp build (those tests are `slow`), and hypothesis draws 10 examples a test instead of 60.
 test-fast: lint $(STAMP) $(if $(VLLM_SPEC),$(VLLM_STAMP))
-	TRITON_INTERPRET=1 $(PY) -m pytest -q --durations=10 -m "not slow and not interpreter" tests --ignore=tests/vllm_engine
+	HYPOTHESIS_MAX_EXAMPLES=10 TRITON_INTERPRET=1 $(PY) -m pytest -q --durations=10 -m "not slow and not interpreter" \
+		tests --ignore=tests/vllm_engine
 
 demo: $(STAMP)
 	$(PY) -m logitgate demo
