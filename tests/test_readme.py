@@ -58,9 +58,10 @@ def test_readme_shell_commands_exist(line):
     make target they name exists, every script or `logitgate` command they run answers --help and
     every `pip` line installs what exists (as the Makefile, which CI runs, installs it). The ```sh
     blocks of "logitgate in vLLM" run as written in tests/vllm_engine/test_readme_vllm.py."""
-    import os
     import subprocess
     import sys
+
+    import os
 
     root = README.parent
     # This checkout's logitgate, not another copy installed in the interpreter (a worktree).
