@@ -50,7 +50,7 @@ LLAMA_CPP_STAMP := $(VENV)/.logitgate-llama-cpp-installed
 
 export TORCH_DEVICE_BACKEND_AUTOLOAD ?= 0
 
-.PHONY: test test-vllm demo doctor bench setup clean gpu-check gpu-wheels
+.PHONY: test test-fast lint test-vllm demo doctor bench setup clean gpu-check gpu-wheels
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -98,9 +98,29 @@ $(ENGINE_STAMP): pyproject.toml | $(ENGINE_PY)
 test-vllm: $(ENGINE_STAMP)
 	VLLM_CPU_KVCACHE_SPACE=1 $(ENGINE_PY) -m pytest -q tests/vllm_engine
 
-test: $(STAMP) $(if $(VLLM_SPEC),$(VLLM_STAMP)) $(if $(VLLM_ENGINE_SPEC),$(ENGINE_STAMP)) $(if $(LLAMA_CPP_VERSION),$(LLAMA_CPP_STAMP))
-	TRITON_INTERPRET=1 $(PY) -m pytest -q tests --ignore=tests/vllm_engine
-	$(if $(VLLM_ENGINE_SPEC),VLLM_CPU_KVCACHE_SPACE=1 $(ENGINE_PY) -m pytest -q tests/vllm_engine)
+# pyflakes, isort and a few pycodestyle rules (pyproject.toml, [tool.ruff]); `make test` runs it
+# first, before the long installs and the suite. `$(PY) -m ruff check --fix ...` fixes most findings.
+# ruff alone is installed first (a 10 MB wheel, pinned in $(PINS)), so a fresh machine reports a
+# finding in seconds, before torch and the rest are installed.
+RUFF_STAMP := $(VENV)/.logitgate-ruff-installed
+$(RUFF_STAMP): $(PINS) | $(PY)
+	$(PY) -m pip install -q ruff -c $(PINS)
+	touch $(RUFF_STAMP)
+
+lint: $(RUFF_STAMP)
+	$(PY) -m ruff check logitgate tests scripts
+
+# lint comes first among the prerequisites: a finding stops `make test` before the slow set-up.
+test: lint $(STAMP) $(if $(VLLM_SPEC),$(VLLM_STAMP)) $(if $(VLLM_ENGINE_SPEC),$(ENGINE_STAMP)) $(if $(LLAMA_CPP_VERSION),$(LLAMA_CPP_STAMP))
+	TRITON_INTERPRET=1 $(PY) -m pytest -q --durations=25 tests --ignore=tests/vllm_engine
+	$(if $(VLLM_ENGINE_SPEC),VLLM_CPU_KVCACHE_SPACE=1 $(ENGINE_PY) -m pytest -q --durations=25 tests/vllm_engine)
+
+# The edit-test loop: the main suite without the `slow` tests and without the Triton kernels under
+# the interpreter (markers: pyproject.toml, set in tests/conftest.py). Needs no engine venv and no
+# llama.cpp build (those tests are `slow`), and hypothesis draws 10 examples a test instead of 60.
+test-fast: lint $(STAMP) $(if $(VLLM_SPEC),$(VLLM_STAMP))
+	HYPOTHESIS_MAX_EXAMPLES=10 TRITON_INTERPRET=1 $(PY) -m pytest -q --durations=10 -m "not slow and not interpreter" \
+		tests --ignore=tests/vllm_engine
 
 demo: $(STAMP)
 	$(PY) -m logitgate demo
@@ -120,10 +140,15 @@ bench: $(STAMP) $(if $(LLAMA_CPP_VERSION),$(LLAMA_CPP_STAMP))
 GPU_PYTHON ?= python3
 GPU_WHEELS_DIR ?= .gpu-wheels
 
+# The development tools pinned in $(PINS) (ruff) are not needed there and stay out of the budget.
+GPU_WHEELS_SKIP := ruff
+
 gpu-wheels:
+	@mkdir -p $(GPU_WHEELS_DIR)
+	grep -vE '^($(GPU_WHEELS_SKIP))==' $(PINS) > $(GPU_WHEELS_DIR)/pins.txt
 	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--abi cp312 --abi abi3 --abi none --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-		--platform manylinux2014_x86_64 -d $(GPU_WHEELS_DIR) -r $(PINS)
+		--platform manylinux2014_x86_64 -d $(GPU_WHEELS_DIR) -r $(GPU_WHEELS_DIR)/pins.txt
 	@size=$$(du -sm $(GPU_WHEELS_DIR) | cut -f1); echo "$(GPU_WHEELS_DIR): $$size MiB"; \
 		test $$size -le 64 || { echo "over the 64 MiB budget"; exit 1; }
 

@@ -253,9 +253,10 @@ def tree_child(drafter: str | None, repeats: int) -> dict:
     speculation (`drafter` None) or with one of engine_scenarios.DRAFTERS: `repeats` timed greedy
     rounds after a warm-up, spec counters per round."""
     sys.path.insert(0, str(ROOT / "tests" / "vllm_engine"))
+    from vllm import SamplingParams
+
     from engine_scenarios import MAX_TOKENS as TREE_MAX_TOKENS
     from engine_scenarios import spec_counters, start_engine, token_lists
-    from vllm import SamplingParams
 
     llm, start_s = start_engine(drafter, max_num_seqs=TREE_REQUESTS)
     texts, params = tree_prompts(), SamplingParams(max_tokens=TREE_MAX_TOKENS, temperature=0.0)

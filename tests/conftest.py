@@ -4,6 +4,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from logitgate.backends import clear_backend_cache, get_backend, probe_cuda
+from tests.helpers.markers import markers_for
 
 settings.register_profile(
     "logitgate",
@@ -61,3 +62,11 @@ def _isolate_backend_env(monkeypatch):
     monkeypatch.delenv("LOGITGATE_DEVICE", raising=False)
     yield
     clear_backend_cache()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The `engine`, `interpreter` and `slow` markers (pyproject.toml), by where a test is and
+    what it runs: tests/helpers/markers.py."""
+    for item in items:
+        for name in markers_for(item):
+            item.add_marker(name)

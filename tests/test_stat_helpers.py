@@ -1,6 +1,6 @@
 import pytest
 
-from stat_helpers import chisquare_pvalue_torch
+from tests.helpers.stat_helpers import chisquare_pvalue_torch
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,6 @@
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -11,8 +10,8 @@ import logitgate
 from logitgate.backends import backend_for_tensor, clear_backend_cache, get_backend, probe_cuda, probe_npu, reset_probes
 from logitgate.backends.emulated import EmulatedEvent, EmulatedNpuBackend
 from logitgate.backends.npu import BITMASK_ROUND_TRIP, BITMASK_TRITON
-from logitgate.backends.triton.launch import ASCEND_UB_BYTES, ascend_grid_and_block, ascend_vocab_tile
 from logitgate.backends.reference import apply_token_bitmask_reference, pack_bitmask
+from logitgate.backends.triton.launch import ASCEND_UB_BYTES, ascend_grid_and_block, ascend_vocab_tile
 
 
 def test_explicit_env_and_detected_selection(monkeypatch):

@@ -18,7 +18,7 @@ try:
 except ImportError:  # pragma: no cover - e.g. triton-ascend
     pytest.skip("this triton has no NVIDIA code generator", allow_module_level=True)
 
-from logitgate.backends.triton import tree
+from logitgate.backends.triton import tree  # noqa: E402 - after the skip above
 
 H100 = GPUTarget("cuda", 90, 32)
 ROOT = Path(__file__).resolve().parents[2]

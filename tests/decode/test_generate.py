@@ -1,13 +1,12 @@
 """The reference decode loop: speculative decoding and forced tokens never change what is sampled."""
-import itertools
 
 import pytest
 import torch
-from stat_helpers import chisquare_pvalue
 
 from logitgate import TreeDFA
 from logitgate.decode import Request, generate
 from logitgate.sampling.params import SamplingParams
+from tests.helpers.stat_helpers import chisquare_pvalue
 
 V, EOS, ROOT = 12, 10, 11
 PATHS = [[1, 2], [1, 3], [4], [4, 5, 6], [7], [1, 2, 8]]

@@ -3,7 +3,7 @@ import pytest
 
 from logitgate.structured import StructuredOutputManager, StructuredOutputsParams
 from logitgate.structured.xgrammar_backend import CACHE_LIMIT_ENV, DEFAULT_CACHE_LIMIT_BYTES, XGrammarBackend
-from vocab_helpers import VOCAB_SIZE
+from tests.helpers.vocab_helpers import VOCAB_SIZE
 
 
 def test_the_compiler_cache_is_bounded_by_default(tokenizer_info, monkeypatch):

@@ -8,7 +8,7 @@ import time
 
 from logitgate.structured import RequestStatus, StructuredOutputManager, StructuredOutputsParams
 from logitgate.structured.xgrammar_backend import XGrammarBackend
-from vocab_helpers import VOCAB_SIZE
+from tests.helpers.vocab_helpers import VOCAB_SIZE
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -113,8 +113,7 @@ def test_unrelated_requests_do_not_wait_for_each_other(tokenizer_info):
 STRESS = textwrap.dedent(
     """
     import sys, threading, time
-    sys.path.insert(0, "tests/structured")
-    from vocab_helpers import EOS, VOCAB, VOCAB_SIZE, xgr
+    from tests.helpers.vocab_helpers import EOS, VOCAB, VOCAB_SIZE, xgr
     from logitgate import StructuredOutputManager, StructuredOutputsParams
     info = xgr.TokenizerInfo(VOCAB, xgr.VocabType.RAW, vocab_size=VOCAB_SIZE, stop_token_ids=[EOS])
     m = StructuredOutputManager(info, vocab_size=VOCAB_SIZE, num_speculative_tokens=3)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, ops
 from logitgate.sampling.rejection import rejection_sample
-from sampling_helpers import interpreted_triton
+from tests.helpers.sampling_helpers import interpreted_triton
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
 

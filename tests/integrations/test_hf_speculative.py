@@ -6,13 +6,13 @@ import re
 
 import pytest
 import torch
-from hf_helpers import assert_tree_path, generated, left_padded
 from transformers import LogitsProcessorList
 
 from logitgate import StructuredOutputsParams
 from logitgate.integrations.transformers import GrammarLogitsProcessor, TreeLogitsProcessor, speculative_generate
 from logitgate.models import EOS_ID, PAD_ID, demo_prompt, load_tree_config
 from logitgate.sampling import StructuredOutputsParams as SamplingStructuredOutputs
+from tests.helpers.hf_helpers import assert_tree_path, generated, left_padded
 
 HINTS = ["Krakow", "Tokyo", ""]
 

@@ -5,12 +5,12 @@ import re
 
 import pytest
 import torch
-from hf_helpers import assert_tree_path, generated, left_padded
 from transformers import LogitsProcessorList
 
 from logitgate import StructuredOutputsParams, TreeDFA
 from logitgate.integrations.transformers import GrammarLogitsProcessor, TreeLogitsProcessor
 from logitgate.models import EOS_ID, PAD_ID, ROOT_ID, VOCAB_SIZE, demo_prompt, load_tree_config
+from tests.helpers.hf_helpers import assert_tree_path, generated, left_padded
 
 MAX_NEW = 40  # the longest catalog name is 32 bytes
 

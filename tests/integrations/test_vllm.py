@@ -15,13 +15,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from persistent_batch import PersistentBatch
 
 import logitgate.integrations
 import logitgate.integrations.vllm  # noqa: F401  (in sys.modules before the fallback test swaps it)
 from logitgate import TreeDFA
 from logitgate.sampling.processors import BatchUpdateBuilder as LogitgateBuilder
 from logitgate.sampling.processors import LogitsProcessor as LogitgateLogitsProcessor
+from tests.helpers.persistent_batch import PersistentBatch
 
 try:
     from vllm import SamplingParams

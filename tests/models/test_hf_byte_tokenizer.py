@@ -7,6 +7,7 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from logitgate import token_ids_from_bitmask
 from logitgate.models import (
     BOS_ID,
     DRAFT_DIR,
@@ -19,7 +20,6 @@ from logitgate.models import (
     demo_hf_tokenizer,
     demo_prompt,
 )
-from logitgate import token_ids_from_bitmask
 from logitgate.models.hf_byte_tokenizer import build_hf_byte_tokenizer
 
 pytest.importorskip("transformers")

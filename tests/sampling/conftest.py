@@ -1,5 +1,6 @@
 import pytest
-from sampling_helpers import ALPHA, chi_square_pvalue
+
+from tests.helpers.sampling_helpers import ALPHA, chi_square_pvalue
 
 
 @pytest.fixture

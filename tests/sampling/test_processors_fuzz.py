@@ -4,12 +4,9 @@ each processor's output, row by row, must equal a per-request reference computed
 request's parameters and tokens alone — at the current position and, under speculative decoding,
 at every draft position."""
 import random
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from persistent_batch import PersistentBatch
 
 from logitgate.sampling import SamplingParams
 from logitgate.sampling.processors import (
@@ -23,9 +20,8 @@ from logitgate.sampling.processors import (
     ThinkMode,
     Tree,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "structured"))
-from rtp_reference import RtpStringTreeDFA, SequenceTrieModel  # noqa: E402  (the tree semantics, from first principles)
+from tests.helpers.persistent_batch import PersistentBatch
+from tests.helpers.rtp_reference import RtpStringTreeDFA, SequenceTrieModel  # the tree semantics, from first principles
 
 V = 32
 EOS = 1

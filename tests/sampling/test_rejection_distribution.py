@@ -8,13 +8,13 @@ import os
 
 import pytest
 import torch
-from stat_helpers import chisquare_pvalue
 
 from logitgate.backends import get_backend, probe_cuda
 from logitgate.backends.emulated import EmulatedNpuBackend
 from logitgate.backends.reference import pack_bitmask
 from logitgate.sampling.rejection import chain_speculative_sampling, rejection_sample
 from logitgate.sampling.spec_constraint import constrain_spec_logits
+from tests.helpers.stat_helpers import chisquare_pvalue
 
 ALPHA = 1e-6
 VOCAB = 8

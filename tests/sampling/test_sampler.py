@@ -3,7 +3,12 @@ import pytest
 import torch
 
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, make_generator
-from logitgate.sampling.processors import BatchUpdateBuilder, LogitsProcessor, LogitsProcessors, builtin_logits_processors
+from logitgate.sampling.processors import (
+    BatchUpdateBuilder,
+    LogitsProcessor,
+    LogitsProcessors,
+    builtin_logits_processors,
+)
 
 V = 64
 

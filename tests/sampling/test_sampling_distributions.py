@@ -4,11 +4,10 @@ temperature produce exactly the filtered, renormalised distribution of the refer
 import pytest
 import torch
 
-from sampling_helpers import interpreted_triton
-
 from logitgate.backends.reference import apply_top_k_top_p_reference
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, make_generator, ops
 from logitgate.sampling.processors import BatchUpdateBuilder, LogitsProcessors, MinP
+from tests.helpers.sampling_helpers import interpreted_triton
 
 DRAWS = 20000
 

@@ -6,13 +6,13 @@ import pytest
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from sampling_helpers import interpreted_triton
 
 from logitgate.backends.base import NOISE_EXPONENTIAL, NOISE_UNIFORM
 from logitgate.backends.cpu.sampling_kernels import inverse_cdf_sample_cpu
 from logitgate.backends.emulated import EmulatedEvent, EmulatedNpuBackend
 from logitgate.backends.reference import apply_top_k_top_p_reference, exponential_race, inverse_cdf_sample_reference
 from logitgate.sampling import ops
+from tests.helpers.sampling_helpers import interpreted_triton
 
 
 @st.composite

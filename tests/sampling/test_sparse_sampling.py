@@ -9,14 +9,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sampling_helpers import interpreted_triton
-
 import logitgate
 from logitgate import TreeDFA
 from logitgate.backends.reference import apply_top_k_top_p_reference
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, make_generator
 from logitgate.sampling.sparse import Layout, sample_layouts
 from logitgate.structured.tree_candidates import sample_tree_step
+from tests.helpers.sampling_helpers import interpreted_triton
 
 VOCAB = 200
 FRACTIONS = [0.0, 0.05, 1.0]  # all dense, mixed (wide rows dense), all sparse

@@ -1,7 +1,7 @@
 """Fixtures for the structured tests (the vocabulary itself is in vocab_helpers.py)."""
 import pytest
 
-from vocab_helpers import EOS, VOCAB, VOCAB_SIZE, xgr
+from tests.helpers.vocab_helpers import EOS, VOCAB, VOCAB_SIZE, xgr
 
 
 @pytest.fixture(scope="session")

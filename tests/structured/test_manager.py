@@ -12,7 +12,7 @@ from logitgate.structured import (
     strip_speculative_padding,
 )
 from logitgate.structured.xgrammar_backend import XGrammarBackend
-from vocab_helpers import EOS, PERSON_SCHEMA, VOCAB_SIZE, encode, plain_rows, xgr
+from tests.helpers.vocab_helpers import EOS, PERSON_SCHEMA, VOCAB_SIZE, encode, plain_rows, xgr
 
 PERSON_TEXT = encode('{"name": "bob", "age": 42}')
 ALL = torch.full((10,), -1, dtype=torch.int32)

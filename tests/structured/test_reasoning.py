@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from logitgate.structured import RequestStatus, StructuredOutputManager, StructuredOutputsParams
 from logitgate.structured.reasoning import EndMarker
-from vocab_helpers import EOS, THINK_END, THINK_END_ONE, VOCAB_SIZE, plain_rows
+from tests.helpers.vocab_helpers import EOS, THINK_END, THINK_END_ONE, VOCAB_SIZE, plain_rows
 
 ALL = torch.full((10,), -1, dtype=torch.int32)
 A, B, C = ord("a"), ord("b"), ord("c")

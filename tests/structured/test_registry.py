@@ -16,7 +16,7 @@ from logitgate.structured import (
     get_grammar_backend_factory,
     register_grammar_backend,
 )
-from vocab_helpers import EOS, PERSON_SCHEMA, VOCAB_SIZE, plain_rows
+from tests.helpers.vocab_helpers import EOS, PERSON_SCHEMA, VOCAB_SIZE, plain_rows
 
 
 class ByteChoiceGrammar:

@@ -7,7 +7,7 @@ import torch
 
 import logitgate
 from logitgate.structured import RequestStatus, StructuredOutputManager, StructuredOutputsParams
-from vocab_helpers import EOS, PERSON_SCHEMA, VOCAB_SIZE, encode, plain_rows
+from tests.helpers.vocab_helpers import EOS, PERSON_SCHEMA, VOCAB_SIZE, encode, plain_rows
 
 TreeDFA = getattr(logitgate, "TreeDFA", None)
 if TreeDFA is None:

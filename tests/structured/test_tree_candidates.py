@@ -1,6 +1,5 @@
 """Tree candidates: exact ragged candidates, the sparse layout's token map, and the step plan
 (dense rows past the crossover, width buckets, the device-only plan)."""
-import numpy as np
 import pytest
 import torch
 from hypothesis import given

@@ -2,7 +2,7 @@
 import pytest
 
 from logitgate import TreeDFA
-from real_tokenizers import real_tokenizer
+from tests.helpers.real_tokenizers import real_tokenizer
 
 NAMES = ["Europe/Berlin", "Europe/Bratislava", "Europe/Paris", "America/Argentina/Buenos_Aires", "UTC", "Asia/Ho_Chi_Minh"]
 VOCABS = ["llama3", "qwen2", "llama2"]  # Llama-3 BPE, Qwen2 BPE, Llama-2 SentencePiece (adds BOS on a call)

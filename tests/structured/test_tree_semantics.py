@@ -1,14 +1,13 @@
 """TreeDFA against the pure-Python models of RTP-LLM's string-key DFA and of a token trie, step for
 step, on hypothesis-generated trees and token streams (valid, unknown and end tokens; several
 separators); and the batched device ops against the scalar ones on every backend."""
-import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from rtp_reference import RtpStringTreeDFA, SequenceTrieModel
 
 import logitgate
 from logitgate import TreeDFA
+from tests.helpers.rtp_reference import RtpStringTreeDFA, SequenceTrieModel
 
 ALPHABET = list(range(3, 15))  # small, so keys collide and candidates lead to existing keys
 VOCAB = 64

@@ -4,12 +4,12 @@ import random
 import pytest
 import torch
 
-from real_tokenizers import real_tokenizer
-from vocab_helpers import EOS, PERSON_SCHEMA, VOCAB_SIZE, encode, plain_rows, xgr
 from logitgate import token_ids_from_bitmask
 from logitgate.structured.grammar import Grammar, GrammarBackend
 from logitgate.structured.registry import available_grammar_backends, get_grammar_backend_factory
 from logitgate.structured.xgrammar_backend import XGrammarBackend, choice_ebnf, clean_xgrammar_error
+from tests.helpers.real_tokenizers import real_tokenizer
+from tests.helpers.vocab_helpers import EOS, PERSON_SCHEMA, VOCAB_SIZE, encode, plain_rows, xgr
 
 
 @pytest.fixture(scope="module")

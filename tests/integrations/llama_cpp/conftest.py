@@ -26,7 +26,7 @@ def model_path():
 
 @pytest.fixture(scope="module")
 def llm(model_path):
-    from llama_helpers import load
+    from tests.helpers.llama_helpers import load
 
     model = load(model_path)
     yield model

@@ -3,8 +3,7 @@ dropped before verification and outputs equal decoding without drafts."""
 import pytest
 
 from logitgate.integrations.llama_cpp import TreeDrafts, constrain
-
-from llama_helpers import CITIES, load
+from tests.helpers.llama_helpers import CITIES, load
 
 # The prompt repeats catalog items (so prompt lookup proposes them) and other text (drafts that
 # leave the tree).

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from logitgate.integrations.llama_cpp import constrain, generate
-
-from llama_helpers import CITIES, logits_after
+from tests.helpers.llama_helpers import CITIES, logits_after
 
 SCHEMA = {
     "type": "object",

@@ -3,14 +3,13 @@ import numpy as np
 import pytest
 
 from logitgate.integrations.llama_cpp import constrain, generate
-
-from llama_helpers import CITIES
+from tests.helpers.llama_helpers import CITIES
 
 TEXTS = ["Hello, world!", "  New York City\n", "naïve café ünïcödé — 東京", "def f(x): return x**2", "12345 67890"]
 
 
 def test_tiny_model_tokenizes_like_the_real_llama3_tokenizer(llm):
-    from real_tokenizers import real_tokenizer
+    from tests.helpers.real_tokenizers import real_tokenizer
 
     hf = real_tokenizer("llama3")
     assert llm.n_vocab() == 128256 and llm.token_eos() == hf.convert_tokens_to_ids("<|end_of_text|>")
@@ -37,7 +36,7 @@ def test_a_failing_call_ends_the_generation_instead_of_dropping_the_constraint(l
 
 
 def test_skip_ahead_argument_errors(llm, model_path):
-    from llama_helpers import load
+    from tests.helpers.llama_helpers import load
 
     constraint = constrain(llm, strings=CITIES)
     with pytest.raises(ValueError, match="max_tokens"):

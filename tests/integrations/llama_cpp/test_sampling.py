@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 
 from logitgate.integrations.llama_cpp import constrain, generate
-
-from llama_helpers import logits_after
+from tests.helpers.llama_helpers import logits_after
 
 scipy_stats = pytest.importorskip("scipy.stats")
 

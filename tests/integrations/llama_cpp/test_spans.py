@@ -3,8 +3,7 @@ path's end; greedy-only-inside-the-span; several spans per generation."""
 import numpy as np
 
 from logitgate.integrations.llama_cpp import constrain
-
-from llama_helpers import CITIES
+from tests.helpers.llama_helpers import CITIES
 
 
 class Script:

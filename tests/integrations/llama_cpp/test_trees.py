@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from logitgate.integrations.llama_cpp import constrain, generate
-
-from llama_helpers import CITIES, Trie, logits_after
+from tests.helpers.llama_helpers import CITIES, Trie, logits_after
 
 PROMPT = "The capital I would like to visit next year is"
 

@@ -1,6 +1,7 @@
-"""Helpers for the sampling tests (a module with a unique name: test directories have no __init__)."""
+"""Helpers for the sampling tests: the chi-square check every distribution test uses, and whether Triton runs interpreted."""
 import numpy as np
-from stat_helpers import chisquare_pvalue
+
+from tests.helpers.stat_helpers import chisquare_pvalue
 
 ALPHA = 1e-6
 

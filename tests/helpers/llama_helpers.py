@@ -1,7 +1,7 @@
 """Helpers of the llama.cpp integration tests (not logitgate): loading a model, a catalog, a plain
 dict trie and the model's raw logits as references."""
-import numpy as np
 import llama_cpp
+import numpy as np
 
 
 def load(model_path, **kwargs):
