@@ -272,6 +272,12 @@ def install(serve: bool = True) -> list[str]:
     return replaced
 
 
+def _guard_beam_search() -> list[str]:
+    """Install the beam-search rows (`only_if_loaded`) for vLLM's request classes imported since
+    `install` ran (the API server imports them before loading plugins; tests import them later)."""
+    return patching.install([row for row in _rows() if row.only_if_loaded], {patching.ALWAYS})
+
+
 def uninstall() -> list[str]:
     """Put vLLM's originals back (tests compare against them in one process)."""
     global _installed, _guarded
