@@ -14,7 +14,7 @@ import importlib.util
 import logging
 import sys
 import types
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -65,7 +65,7 @@ def test_the_table_imports_neither_torch_nor_vllm():
 # ---- every row against the installed vLLM's source ----
 
 
-@lru_cache(maxsize=None)
+@cache
 def _module_tree(module: str) -> ast.Module | None:
     root = Path(importlib.util.find_spec("vllm").origin).parent
     parts = module.split(".")[1:]

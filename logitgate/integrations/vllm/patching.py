@@ -168,7 +168,7 @@ def install(targets: Iterable[Patch], selected: Iterable[str]) -> list[str]:
                     raise AttributeError(f"{row.owner_path} has no attribute {row.attr!r}")
                 continue
             current = getattr(owner, row.attr)
-        except Exception as exc:  # another vLLM version, or vllm-ascend without its NPU stack
+        except Exception as exc:  # noqa: BLE001 - another vLLM version, or vllm-ascend without its NPU stack
             _unresolved(row, exc)
             continue
         if _original_of(current) is None:
