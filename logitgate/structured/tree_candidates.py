@@ -24,14 +24,14 @@ decode): on CPU a row is cheaper sparse until it allows about half the vocabular
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..backends.reference import num_bitmask_words
+from .. import envs
+from ..backends.formats import num_bitmask_words
 from ..checks import short_repr
 from .tree import TreeDFA
 
@@ -64,7 +64,7 @@ def resolve_sparse_max_fraction(value: float | None = None) -> float:
     """The crossover in force: `value`, else LOGITGATE_TREE_SPARSE_MAX_FRACTION, else the default.
     0 makes every row dense; 1 every row sparse."""
     if value is None:
-        text = os.environ.get(ENV_SPARSE_MAX_FRACTION)
+        text = envs.read(ENV_SPARSE_MAX_FRACTION)
         if text is None:
             return DEFAULT_SPARSE_MAX_FRACTION
         try:
@@ -426,7 +426,7 @@ def fused_plan(sampler, plan: TreeStepPlan, logits: torch.Tensor, metadata) -> t
     group drawn by Backend.sample_candidates instead of gathered and run through the Sampler's ops.
     Dense rows (masked in place) take the Sampler."""
     from ..backends import backend_for_tensor
-    from ..backends.reference import draw_uniforms
+    from ..backends.sampling_rules import draw_uniforms
     from ..sampling.ops import check_logits, check_top_p_values
     from ..sampling.params import SAMPLING_EPS
     from ..sampling.sparse import select_rows

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from ... import envs
 from .patching import mark_replacement
 
 __all__ = [
@@ -60,7 +60,7 @@ def _parse_devices(value: str | None) -> frozenset[str]:
 
 def routed_devices() -> frozenset[str]:
     """Device types whose calls run on logitgate's kernels (LOGITGATE_VLLM_DEVICES, default cpu)."""
-    return _parse_devices(os.environ.get(DEVICES_ENV))
+    return _parse_devices(envs.read(DEVICES_ENV))
 
 
 def routed(tensor: torch.Tensor) -> bool:
@@ -137,7 +137,7 @@ def _parse_seeded(value: str | None) -> str:
 def seeded_draws() -> str:
     """Who draws seeded rows and fp64-Gumbel calls (LOGITGATE_VLLM_SEEDED): `vllm` (default: the
     tokens vLLM gives without the plugin) or `logitgate` (its own exact draw, other tokens per seed)."""
-    return _parse_seeded(os.environ.get(SEEDED_ENV))
+    return _parse_seeded(envs.read(SEEDED_ENV))
 
 
 def random_sample_replacement(original: Callable, name: str) -> Callable:
