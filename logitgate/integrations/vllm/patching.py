@@ -21,6 +21,7 @@ numba or a replacement module before `install` resolves a row.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -100,18 +101,18 @@ def _assigned_in_source(cls: type, attr: str) -> bool | None:
     """Whether some class of `cls`'s MRO assigns `self.<attr>` in its source; None when no source
     can be read (then nothing can be said)."""
     pattern = re.compile(rf"\bself\.{re.escape(attr)}\s*(?::[^=\n]+)?=(?!=)")
-    readable = False
-    for klass in cls.__mro__:
-        if klass is object:
-            continue
-        try:
-            source = inspect.getsource(klass)
-        except (OSError, TypeError):
-            continue
-        readable = True
-        if pattern.search(source):
-            return True
-    return False if readable else None
+    sources = [source for source in map(_source, cls.__mro__[:-1]) if source is not None]
+    if not sources:
+        return None
+    return any(pattern.search(source) for source in sources)
+
+
+@functools.lru_cache(maxsize=None)
+def _source(klass: type) -> str | None:
+    try:
+        return inspect.getsource(klass)
+    except (OSError, TypeError):
+        return None
 
 
 def has_attribute(owner: Any, attr: str) -> bool:
