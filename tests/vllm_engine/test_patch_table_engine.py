@@ -77,3 +77,27 @@ def test_without_tree_only_the_always_rows_of_the_tree_route_are_installed(prist
     assert sorted(replaced) == sorted(row.name for row in patches.TREE_PATCHES
                                       if row.op == patching.ALWAYS and not row.is_write)
     assert StructuredOutputManager.grammar_init is original and not tree_route.is_installed()
+
+
+def test_the_admission_row_serves_or_refuses_trees_as_install_said(pristine):
+    """process_inputs reads at call time whether this process serves trees (tree_route.install's
+    `serve`), as its closure did before it became a table row."""
+    from types import SimpleNamespace
+
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    def vllm_process_inputs(self, request_id, prompt, params):
+        return SimpleNamespace(sampling_params=params, prompt_token_ids=[40])
+
+    process_inputs = tree_route.process_inputs_replacement(vllm_process_inputs, "InputProcessor.process_inputs")
+    front_end = SimpleNamespace(model_config=SimpleNamespace(get_vocab_size=lambda: 48, logits_processors=None))
+    tree = SamplingParams(extra_args={"tree_decode": {"start_token_id": 40, "end_token_id": 2,
+                                                      "prefix_dict": {"40": [10, 2]}}})
+    tree_route.install(serve=False)
+    with pytest.raises(VLLMValidationError, match="leaves out 'tree'"):
+        process_inputs(front_end, "r1", None, tree)
+    assert process_inputs(front_end, "r2", None, SamplingParams()).prompt_token_ids == [40]
+    tree_route.uninstall()
+    tree_route.install(serve=True)
+    assert process_inputs(front_end, "r3", None, tree).sampling_params is tree
