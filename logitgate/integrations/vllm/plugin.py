@@ -9,8 +9,10 @@ llvmlite, so logitgate's kernels load on first use.
 `rejection`, `fill`, `sample_first`, `tree`; `none`; unset or `all` for everything. `tree` serves tree-decode requests
 through vLLM's structured outputs (tree_route.py); without it, tree requests are refused (HTTP 400)
 unless a logitgate logits processor serves them. The others route vLLM's operations to
-logitgate's backend (ops.py). A server-wide tree (`LOGITGATE_TREE_DECODE_CONFIG`) that is missing
-or malformed stops start-up here, with its path and the reason.
+logitgate's backend (ops.py). Everything the plugin changes in vLLM is one row of the patch table
+(patches.py: why, until when, and whether a vLLM without the name stops start-up or only warns).
+A server-wide tree (`LOGITGATE_TREE_DECODE_CONFIG`) that is missing or malformed stops start-up
+here, with its path and the reason.
 """
 from __future__ import annotations
 

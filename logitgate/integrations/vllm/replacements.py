@@ -1,4 +1,4 @@
-"""The functions `ops.install` puts in vLLM's (and vllm-ascend's) place.
+"""The functions the kernel rows of the patch table (patches.py) put in vLLM's (and vllm-ascend's) place.
 
 Each replacement keeps the original it stands in for and routes a call to logitgate's kernels only
 when the call's tensors live on a device listed in `LOGITGATE_VLLM_DEVICES` (default `cpu`: the
@@ -13,6 +13,7 @@ worker breaks when llvmlite is loaded before it initialises.
 from __future__ import annotations
 
 import functools
+import importlib
 import types
 from collections.abc import Callable
 from typing import Any
@@ -20,10 +21,12 @@ from typing import Any
 import torch
 
 from ... import envs
+from .patching import mark_replacement
 
 __all__ = [
     "DEVICES_ENV",
     "XgrammarWithLogitgateApply",
+    "ascend_rejection_replacement",
     "ascend_rejection_sample_replacement",
     "mark_replacement",
     "rejection_sample_replacement",
@@ -32,6 +35,7 @@ __all__ = [
     "sampler_forward_replacement",
     "top_k_top_p_replacement",
     "random_sample_replacement",
+    "xgrammar_replacement",
     "seeded_draws",
 ]
 
@@ -64,15 +68,6 @@ def routed(tensor: torch.Tensor) -> bool:
     return ("npu" if kind == "privateuseone" else kind) in routed_devices()
 
 
-def mark_replacement(replacement: Callable, original: Callable, name: str) -> Callable:
-    """Record what a replacement stands in for (install() uses it to stay idempotent) and count its
-    routed calls (tests and the benchmark check that the engine really used logitgate)."""
-    replacement.__logitgate_original__ = original
-    replacement.__logitgate_name__ = name
-    replacement.routed_calls = 0
-    return replacement
-
-
 # ---- grammar bitmask: xgrammar's apply call inside vLLM's apply_grammar_bitmask ----
 
 
@@ -102,6 +97,11 @@ class XgrammarWithLogitgateApply(types.ModuleType):
         if vocab_size is None:  # xgrammar's default, passed so logitgate does not warn
             vocab_size = min(logits.shape[-1], bitmask.shape[-1] * 32)
         apply_token_bitmask_inplace(logits, bitmask, indices=indices, vocab_size=vocab_size)
+
+
+def xgrammar_replacement(original: Any, name: str) -> XgrammarWithLogitgateApply:
+    """vllm.v1.structured_output.utils.xgr: the xgrammar module with logitgate's apply call."""
+    return XgrammarWithLogitgateApply(original)
 
 
 # ---- top-k / top-p and random sampling ----
@@ -331,3 +331,9 @@ def ascend_rejection_sample_replacement(original: Callable, name: str, ascend_co
         )
 
     return mark_replacement(rejection_sample, original, name)
+
+
+def ascend_rejection_replacement(original: Callable, name: str) -> Callable:
+    """The table's factory for vllm-ascend's rejection_sample: its module's get_ascend_config."""
+    module = importlib.import_module(name.rpartition(".")[0])
+    return ascend_rejection_sample_replacement(original, name, module.get_ascend_config)

