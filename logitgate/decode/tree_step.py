@@ -21,8 +21,9 @@ import torch
 
 from ..sampling.rejection import rejection_sample
 from ..sampling.sampler import Sampler, SamplingMetadata
+from ..sampling.tree_step import sample_plan
 from ..structured.tree import TreeDFA
-from ..structured.tree_candidates import SparseRows, host_widths, plan_tree_step, resolve_sparse_max_fraction, sample_plan
+from ..structured.tree_candidates import SparseRows, host_widths, plan_tree_step, resolve_sparse_max_fraction
 
 __all__ = ["tree_spec_step", "use_sparse_verification"]
 

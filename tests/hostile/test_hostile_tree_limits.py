@@ -10,8 +10,9 @@ import torch
 
 from logitgate import TreeDFA
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams
+from logitgate.sampling.tree_step import greedy_plan, sample_plan, tree_layouts
 from logitgate.structured import tree as tree_module
-from logitgate.structured.tree_candidates import greedy_plan, plan_tree_step, sample_plan, tree_layouts
+from logitgate.structured.tree_candidates import plan_tree_step
 from logitgate.tree_limits import (
     DEFAULT_CACHE_BYTES,
     ENV_CACHE_BYTES,

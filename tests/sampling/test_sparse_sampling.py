@@ -16,7 +16,7 @@ from logitgate import TreeDFA
 from logitgate.backends.reference import apply_top_k_top_p_reference
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, make_generator
 from logitgate.sampling.sparse import Layout, sample_layouts
-from logitgate.structured.tree_candidates import sample_tree_step
+from logitgate.sampling.tree_step import sample_tree_step
 
 VOCAB = 200
 FRACTIONS = [0.0, 0.05, 1.0]  # all dense, mixed (wide rows dense), all sparse
@@ -194,11 +194,12 @@ def test_sample_candidates_draws_the_masked_softmax(backend, assert_distribution
 
 @pytest.mark.parametrize("f", FILTERS[:4], ids=[str(f) for f in FILTERS[:4]])
 def test_fused_draws_use_the_samplers_random_numbers(f):
-    """On CPU random rows over candidates take Backend.sample_candidates (structured/tree_candidates.py:
+    """On CPU random rows over candidates take Backend.sample_candidates (sampling/tree_step.py:
     fused_plan): for the same seeds it draws the tokens the layouts + Sampler draw (the same
     uniforms, per-request generators and the default one, in the same order), with dense rows in
     the batch too; where a draw lands within rounding of a cumulative sum the two may differ."""
-    from logitgate.structured.tree_candidates import fused_plan, plan_tree_step, tree_layouts
+    from logitgate.sampling.tree_step import fused_plan, tree_layouts
+    from logitgate.structured.tree_candidates import plan_tree_step
 
     g = torch.Generator().manual_seed(9)
     seqs = [[int(t) for t in torch.randint(1, VOCAB, (3,), generator=g)] for _ in range(150)]
