@@ -315,7 +315,7 @@ def step_rows(tree_name: str, items, vocabs: list[int], repeats: int, with_rtp_a
                 picks = [fn(logits.clone()) for fn in methods.values()]
                 assert all(torch.equal(p, picks[0]) for p in picks)
             ms = interleaved_medians(methods, logits, repeats)
-            widths = tree._host.widths[states.numpy()]
+            widths = tree.host.widths[states.numpy()]
             row = {"case": tree_name, "mode": mode, "vocab": vocab, "allowed_sum": int(widths.sum()),
                    "allowed_max": int(widths.max()), **{f"{k}_ms": v for k, v in ms.items()}}
             row["tree_step_speedup_vs_dense"] = ms["logitgate_dense"] / ms["logitgate_tree_step"]

@@ -555,9 +555,9 @@ def tree_kernel_args(tree, states):
     width (the widest row, read once here, outside any timed or sync-checked part)."""
     import torch
 
-    widths = tree._width[states].long()
+    widths = tree.widths[states].long()
     rows = torch.arange(states.shape[0], device=states.device)
-    return (rows, tree._allow_start[states], widths, tree._allow_tok), int(widths.max())
+    return (rows, tree.allow_start[states], widths, tree.allow_tok), int(widths.max())
 
 
 def tree_kernels_correct(backend, tree, states, logits, fill_args) -> dict[str, bool]:

@@ -93,14 +93,14 @@ class SparseRows:
     def gather(self, logits: torch.Tensor) -> torch.Tensor:
         """float32 (n, width): each row's allowed logits, -inf padding."""
         return self.tree.backend.gather_candidate_logits(
-            logits, self.rows, self.starts, self.widths, self.tree._allow_tok, self.width
+            logits, self.rows, self.starts, self.widths, self.tree.allow_tok, self.width
         )
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """int64 (n,): each row's greedy token over its allowed logits (the dense argmax of the
         masked row: ties to the smallest token id), with no layout written."""
         return self.tree.backend.candidate_argmax(
-            logits, self.rows, self.starts, self.widths, self.tree._allow_tok, self.width
+            logits, self.rows, self.starts, self.widths, self.tree.allow_tok, self.width
         )
 
     def sample(self, logits, temperature, greedy, top_k, top_p, uniform) -> torch.Tensor:
@@ -108,7 +108,7 @@ class SparseRows:
         per-row temperature, greedy flags, top-k, top-p and float64 uniforms, n entries each), with
         no layout written where the backend fuses it."""
         return self.tree.backend.sample_candidates(
-            logits, self.rows, self.starts, self.widths, self.tree._allow_tok, self.width,
+            logits, self.rows, self.starts, self.widths, self.tree.allow_tok, self.width,
             temperature, greedy, top_k, top_p, uniform,
         )
 
@@ -117,7 +117,7 @@ class SparseRows:
         allowed logits are all -inf, or a top-n past a row's width, reaches them) map to the row's
         last allowed token."""
         columns = torch.minimum(columns.to(torch.int64), (self.widths - 1).unsqueeze(1))
-        return self.tree._allow_tok[self.starts.unsqueeze(1) + columns].to(torch.int64)
+        return self.tree.allow_tok[self.starts.unsqueeze(1) + columns].to(torch.int64)
 
     def all_token_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(token ids int64 (n, width), valid bool (n, width)): the map of every column."""
@@ -172,7 +172,7 @@ class TreeStepPlan:
 
 def host_widths(tree: TreeDFA, host_states: np.ndarray) -> np.ndarray:
     """int64 allowed-token counts of host states (no device access)."""
-    ptr = tree._host.allow_ptr  # (CompiledTree.widths is a diff over every node: not per step)
+    ptr = tree.host.allow_ptr  # (CompiledTree.widths is a diff over every node: not per step)
     return ptr[host_states + 1] - ptr[host_states]
 
 
@@ -247,7 +247,7 @@ def plan_tree_step(
     fraction = resolve_sparse_max_fraction(sparse_max_fraction)
     if tree.max_token_id >= vocab_size:
         raise ValueError(f"the tree uses token id {tree.max_token_id} but the logits have only {vocab_size} columns")
-    states = tree._check_batch(states).long()
+    states = tree.check_states(states).long()
     n = states.shape[0]
     if rows is None:
         row_list = list(range(n))
@@ -265,13 +265,13 @@ def plan_tree_step(
     if exact is False:
         host_states = None
     elif host_states is None and on_host:
-        host = states.numpy()  # checked by _check_batch
+        host = states.numpy()  # checked by check_states
     if host is None and host_states is None:
         # States stay on the device: the tree's widest state bounds every row.
         if n == 0 or tree.max_width > limit:
             return TreeStepPlan(batch, vocab_size, DenseRows(tree, all_rows, row_list, states) if n else None, ())
         group = SparseRows(
-            tree, all_rows, row_list, states, tree._allow_start[states], tree._width[states].long(), tree.max_width
+            tree, all_rows, row_list, states, tree.allow_start[states], tree.widths[states].long(), tree.max_width
         )
         return TreeStepPlan(batch, vocab_size, None, (group,))
     if host is None:
@@ -280,8 +280,8 @@ def plan_tree_step(
             raise ValueError(f"host_states has {len(host)} entries for {n} states")
     if n == 0:
         return TreeStepPlan(batch, vocab_size, None, ())
-    starts = tree._host.allow_ptr[host]  # int64 copies
-    widths = tree._host.allow_ptr[host + 1] - starts
+    starts = tree.host.allow_ptr[host]  # int64 copies
+    widths = tree.host.allow_ptr[host + 1] - starts
     if tree.max_width <= limit and n * tree.max_width <= _GROUP_COST:
         # A narrow tree (catalogs): whatever the states, no row is dense and no split can pay.
         # One group as wide as the tree's widest state (a bounded padding), no reductions.
@@ -320,15 +320,15 @@ def ragged_candidates(tree: TreeDFA, states: torch.Tensor, total: int | None = N
     concatenated (row i owns token_ids[offsets[i] : offsets[i + 1]], sorted), at a cost of their
     number. `total` = sum of the rows' widths; None reads it from the device (free on CPU, a host
     sync elsewhere: pass it when the caller knows it, e.g. from host-side states)."""
-    states = tree._check_batch(states).long()
-    widths = tree._width[states].long()
+    states = tree.check_states(states).long()
+    widths = tree.widths[states].long()
     offsets = torch.zeros(states.shape[0] + 1, dtype=torch.int64, device=states.device)
     torch.cumsum(widths, 0, out=offsets[1:])
     if total is None:
         total = int(offsets[-1])
     row_of = torch.repeat_interleave(torch.arange(states.shape[0], device=states.device), widths, output_size=total)
     position = torch.arange(total, device=states.device) - offsets[row_of]
-    return tree._allow_tok[tree._allow_start[states][row_of] + position].long(), offsets
+    return tree.allow_tok[tree.allow_start[states][row_of] + position].long(), offsets
 
 
 def keep_only_allowed(
@@ -340,7 +340,7 @@ def keep_only_allowed(
     the allowed logits back, with no bitmask built (on CPU 0.98-2.1x the speed of fill_bitmask +
     apply, ~1.1x at large V where both write the whole row; scripts/bench_tree.py). `max_width` bounds the rows' widths (default the tree's
     widest state); rows must be distinct; no host sync. Returns logits."""
-    states = tree._check_batch(states).long()
+    states = tree.check_states(states).long()
     if logits.device != tree.device:
         raise ValueError(f"logits are on {logits.device} but the tree is on {tree.device}")
     if tree.max_token_id >= logits.shape[-1]:
@@ -356,7 +356,7 @@ def keep_only_allowed(
         bad = int(rows[(rows < 0) | (rows >= logits.shape[0])][0])
         raise ValueError(f"rows holds {bad}, outside the {logits.shape[0]} rows of logits")
     tree.backend.keep_candidate_logits(
-        logits, rows, tree._allow_start[states], tree._width[states].long(), tree._allow_tok,
+        logits, rows, tree.allow_start[states], tree.widths[states].long(), tree.allow_tok,
         tree.max_width if max_width is None else max_width,
     )
     return logits
