@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..backends.base import CandidateRows
 from ..backends.reference import num_bitmask_words
 from ..checks import short_repr
 from .tree import TreeDFA
@@ -90,27 +91,25 @@ class SparseRows:
     widths: torch.Tensor  # int64 (n,): allowed tokens per row (<= width)
     width: int
 
+    @property
+    def candidates(self) -> CandidateRows:
+        """These rows as the backend's candidate kernels take them."""
+        return CandidateRows(self.rows, self.starts, self.widths, self.tree.allow_tok, self.width)
+
     def gather(self, logits: torch.Tensor) -> torch.Tensor:
         """float32 (n, width): each row's allowed logits, -inf padding."""
-        return self.tree.backend.gather_candidate_logits(
-            logits, self.rows, self.starts, self.widths, self.tree.allow_tok, self.width
-        )
+        return self.tree.backend.gather_candidate_logits(logits, self.candidates)
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """int64 (n,): each row's greedy token over its allowed logits (the dense argmax of the
         masked row: ties to the smallest token id), with no layout written."""
-        return self.tree.backend.candidate_argmax(
-            logits, self.rows, self.starts, self.widths, self.tree.allow_tok, self.width
-        )
+        return self.tree.backend.candidate_argmax(logits, self.candidates)
 
     def sample(self, logits, temperature, greedy, top_k, top_p, uniform) -> torch.Tensor:
         """int64 (n,): each row's token drawn over its allowed logits (Backend.sample_candidates:
         per-row temperature, greedy flags, top-k, top-p and float64 uniforms, n entries each), with
         no layout written where the backend fuses it."""
-        return self.tree.backend.sample_candidates(
-            logits, self.rows, self.starts, self.widths, self.tree.allow_tok, self.width,
-            temperature, greedy, top_k, top_p, uniform,
-        )
+        return self.tree.backend.sample_candidates(logits, self.candidates, temperature, greedy, top_k, top_p, uniform)
 
     def token_ids(self, columns: torch.Tensor) -> torch.Tensor:
         """int64 token ids of columns (n, k) of this layout. Padding columns (only a row whose
@@ -355,10 +354,10 @@ def keep_only_allowed(
         # Free on the host (the kernel indexes logits unchecked); on a device it would be a sync.
         bad = int(rows[(rows < 0) | (rows >= logits.shape[0])][0])
         raise ValueError(f"rows holds {bad}, outside the {logits.shape[0]} rows of logits")
-    tree.backend.keep_candidate_logits(
-        logits, rows, tree.allow_start[states], tree.widths[states].long(), tree.allow_tok,
+    tree.backend.keep_candidate_logits(logits, CandidateRows(
+        rows, tree.allow_start[states], tree.widths[states].long(), tree.allow_tok,
         tree.max_width if max_width is None else max_width,
-    )
+    ))
     return logits
 
 

@@ -13,6 +13,7 @@ from sampling_helpers import interpreted_triton
 
 import logitgate
 from logitgate import TreeDFA
+from logitgate.backends.base import CandidateRows
 from logitgate.backends.reference import apply_top_k_top_p_reference
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, make_generator
 from logitgate.sampling.sparse import Layout, sample_layouts
@@ -185,7 +186,8 @@ def test_sample_candidates_draws_the_masked_softmax(backend, assert_distribution
     allow_tok = torch.tensor(allowed, dtype=torch.int32)
     temperature, top_k, top_p = torch.full((n,), 0.8), torch.full((n,), 300), torch.full((n,), 0.9)
     uniform = torch.rand(n, dtype=torch.float64, generator=g)
-    got = backend.sample_candidates(logits, rows, starts, widths, allow_tok, len(allowed), temperature, None, top_k, top_p, uniform)
+    candidates = CandidateRows(rows, starts, widths, allow_tok, len(allowed))
+    got = backend.sample_candidates(logits, candidates, temperature, None, top_k, top_p, uniform)
     masked = torch.full((1, vocab), float("-inf"))
     masked[0, allowed] = logits[0, allowed] / 0.8
     expected = apply_top_k_top_p_reference(masked, top_k[:1], top_p[:1]).softmax(-1)[0]
