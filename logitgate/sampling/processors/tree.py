@@ -20,12 +20,12 @@ import torch
 
 from ...backends.reference import num_bitmask_words
 from ...structured.bitmask import apply_token_bitmask_inplace
-from ...structured.constraint_state import TreeConstraint
 from ...structured.tree import TreeDFA
 from ...structured.tree_candidates import host_widths, keep_only_allowed
 from ...structured.tree_loaders import check_token_id, check_vocab_size
 from ...structured.tree_prompt import warn_prompt_start
 from ...structured.tree_request import TREE_ARG_KEYS, TreeRequest, tree_request
+from ...structured.tree_walk import TreeWalk
 from .interface import BatchUpdate, LogitsProcessor
 from .spec_layout import SpecDecodeLayout
 from .state import process_dict_updates, validate_added
@@ -36,24 +36,17 @@ logger = logging.getLogger(__name__)
 
 
 class _TreeRow:
-    """One request's walk: the tree state after the first `consumed` tokens of its output list."""
+    """One request's walk and the output-token list it follows (TreeWalk.follow)."""
 
-    __slots__ = ("consumed", "output_ids", "walk")
+    __slots__ = ("output_ids", "walk")
 
     def __init__(self, tree: TreeDFA, output_ids: list[int]) -> None:
-        self.walk = TreeConstraint(tree)
+        self.walk = TreeWalk(tree)
         self.output_ids = output_ids
-        self.consumed = 0
 
-    def catch_up(self) -> None:
-        out = self.output_ids
-        if len(out) < self.consumed:  # the engine dropped tokens (vLLM, after a failed KV load): replay
-            self.walk, self.consumed = TreeConstraint(self.walk.tree), 0
-        end = self.consumed
-        while end < len(out) and out[end] >= 0:  # -1: an async-scheduling placeholder, filled before sampling
-            end += 1
-        self.walk.accept(out[self.consumed : end])
-        self.consumed = end
+    def catch_up(self) -> TreeWalk:
+        self.walk.follow(self.output_ids)
+        return self.walk
 
 
 class Tree(LogitsProcessor):
