@@ -111,7 +111,7 @@ doctor: $(STAMP)
 bench: $(STAMP) $(if $(LLAMA_CPP_VERSION),$(LLAMA_CPP_STAMP))
 	$(PY) -m logitgate bench --out bench-out
 
-# The GPU check (README, "GPU check") runs on a lent GPU machine with its own Python (CUDA torch,
+# The GPU check (docs/gpu-check.md) runs on a lent GPU machine with its own Python (CUDA torch,
 # Triton, numba and pytest preinstalled, no network), never in .venv. `make gpu-wheels`, on a machine
 # with network, downloads what those machines lack for cp312 manylinux x86_64 into .gpu-wheels/
 # (carried next to the checkout, at most 64 MiB): xgrammar, hypothesis and exactly the packages they

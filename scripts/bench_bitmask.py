@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dtypes", default="float32", help="comma-separated logits dtypes (float32, float16, bfloat16)")
     parser.add_argument(
         "--threads", type=int, help="torch and numba threads (default: torch's own; the numba kernels use the idle cores, "
-        "README 'Threads'); 1 gives steadier numbers on a loaded machine"
+        "docs/devices.md 'Threads'); 1 gives steadier numbers on a loaded machine"
     )
     parser.add_argument("--out")
     parser.add_argument("--plot")

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="fewer repeats, the (64,128256) shape only")
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--threads", type=int, help="torch and numba threads (default: torch's own; the numba kernels "
-                        "use the idle cores, README 'Threads')")
+                        "use the idle cores, docs/devices.md 'Threads')")
     parser.add_argument("--out")
     parser.add_argument("--plot")
     args = parser.parse_args(argv)

@@ -1,34 +1,98 @@
-"""Every ```python block in README.md runs as written (each in a fresh namespace); every ```bash line
-names what exists (see test_readme_shell_commands_exist)."""
+"""The documentation runs as written. Every page (README.md and docs/*.md) executes its ```python
+blocks in order, in one namespace per page; every ```bash line names what exists (see
+test_shell_commands_exist). Blocks that need an engine are fenced otherwise and run elsewhere:
+```py and ```sh blocks of docs/vllm.md (and the README's ```py copy of its script) in
+tests/vllm_engine/test_readme_vllm.py; ```text blocks are never run. README.md stays a front page
+(at most MAX_README_LINES lines) whose index links every page of docs/, and every relative link
+of every page resolves (file and heading)."""
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, *sorted(DOCS.glob("*.md"))]
+MAX_README_LINES = 220
 
 
-def test_readme_has_examples():
-    assert len(BLOCKS) >= 2
+def _name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_block_runs(index, capsys):
-    code = BLOCKS[index]
-    exec(compile(code, f"README.md[python block {index}]", "exec"), {"__name__": "__readme__"})
+def _blocks(page: Path, lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", page.read_text(), flags=re.S | re.M)
+
+
+PYTHON_PAGES = [page for page in PAGES if _blocks(page, "python")]
+
+
+def test_pages_have_examples():
+    assert len(_blocks(README, "python")) >= 4
+    assert len(PYTHON_PAGES) >= 10
+
+
+@pytest.mark.parametrize("page", PYTHON_PAGES, ids=_name)
+def test_page_examples_run(page, capsys):
+    """A page's python blocks run in order in one namespace (a later block may use an earlier one's names)."""
+    namespace = {"__name__": "__readme__"}
+    for index, code in enumerate(_blocks(page, "python")):
+        exec(compile(code, f"{_name(page)}[python block {index}]", "exec"), namespace)
+
+
+def test_readme_vllm_script_is_the_tested_one():
+    """The README's ```py script is docs/vllm.md's, which tests/vllm_engine/test_readme_vllm.py runs in a real engine."""
+    assert _blocks(README, "py") == _blocks(DOCS / "vllm.md", "py") != []
+
+
+def test_readme_is_a_front_page():
+    lines = README.read_text().count("\n")
+    assert lines <= MAX_README_LINES, f"README.md has {lines} lines (at most {MAX_README_LINES}): move the detail to docs/"
+
+
+def test_every_docs_page_is_in_the_readme_index():
+    index = README.read_text().split("\n## Documentation\n", 1)[1]
+    linked = set(re.findall(r"\]\((docs/[^)#]+\.md)\)", index))
+    pages = {_name(page) for page in DOCS.glob("*.md")}
+    assert pages - linked == set(), f"docs pages missing from the README's index: {sorted(pages - linked)}"
+    assert linked - pages == set(), f"the README's index links pages that do not exist: {sorted(linked - pages)}"
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped (but - and _), spaces to hyphens."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.*)$", text, flags=re.M)}
+
+
+LINKS = [(page, target) for page in PAGES
+         for target in re.findall(r"\]\(([^)\s]+)\)", re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M))
+         if not re.match(r"[a-z]+:", target)]
+
+
+@pytest.mark.parametrize("page, target", LINKS, ids=[f"{_name(p)}->{t}" for p, t in LINKS])
+def test_links_resolve(page, target):
+    path, _, anchor = target.partition("#")
+    linked = (page.parent / path).resolve() if path else page
+    assert linked.is_file(), f"{_name(page)} links {target}: no such file"
+    if anchor:
+        assert anchor in _anchors(linked), f"{_name(page)} links {target}: {linked.name} has no such heading"
 
 
 SHELL_LINES = [
-    line.split("#")[0].strip()
-    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
+    (page, line.split("#")[0].strip())
+    for page in PAGES
+    for block in _blocks(page, "bash")
     for line in block.splitlines()
     if line.split("#")[0].strip()
 ]
 
 
 def _pip_line_problem(words: list[str], root: Path) -> str | None:
-    """A README `pip` line installs what exists: logitgate from the clone (`.`) with extras that
+    """A documented `pip` line installs what exists: logitgate from the clone (`.`) with extras that
     pyproject.toml defines, other packages exactly as the Makefile installs or removes them."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
@@ -39,53 +103,46 @@ def _pip_line_problem(words: list[str], root: Path) -> str | None:
         name, _, extra = arg.partition("[")
         if name == "." or name.startswith("/"):
             if name != ".":
-                return f"README installs {arg!r}: name the clone as '.'"
+                return f"the docs install {arg!r}: name the clone as '.'"
             missing = [e for e in extra.rstrip("]").split(",") if e and e not in extras]
             if missing:
-                return f"README names extra(s) {missing} that pyproject.toml does not define ({sorted(extras)})"
+                return f"the docs name extra(s) {missing} that pyproject.toml does not define ({sorted(extras)})"
         elif re.split(r"[<>=\[]", name)[0] == "logitgate":
-            return f"README installs {arg!r} from a registry, where logitgate is not published"
+            return f"the docs install {arg!r} from a registry, where logitgate is not published"
         elif words[1] == "install" and arg not in makefile:
-            return f"README installs {arg!r}, which the Makefile does not install"
+            return f"the docs install {arg!r}, which the Makefile does not install"
         elif words[1] == "uninstall" and not re.search(rf"pip uninstall .*\b{re.escape(arg)}\b", makefile):
-            return f"README uninstalls {arg!r}, which the Makefile does not"
+            return f"the docs uninstall {arg!r}, which the Makefile does not"
     return None
 
 
-@pytest.mark.parametrize("line", SHELL_LINES)
-def test_readme_shell_commands_exist(line):
+@pytest.mark.parametrize("page, line", SHELL_LINES, ids=[f"{_name(p)}: {line}" for p, line in SHELL_LINES])
+def test_shell_commands_exist(page, line):
     """```bash blocks are not run here (make test would recurse; benchmarks take minutes), but every
     make target they name exists, every script or `logitgate` command they run answers --help and
-    every `pip` line installs what exists (as the Makefile, which CI runs, installs it). The ```sh
-    blocks of "logitgate in vLLM" run as written in tests/vllm_engine/test_readme_vllm.py."""
-    import subprocess
-    import sys
-
-    import os
-
-    root = README.parent
+    every `pip` line installs what exists (as the Makefile, which CI runs, installs it)."""
     # This checkout's logitgate, not another copy installed in the interpreter (a worktree).
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     words = line.split()
+    where = _name(page)
     if words[0] == "pip":
-        problem = _pip_line_problem(words, root)
-        assert problem is None, problem
+        problem = _pip_line_problem(words, ROOT)
+        assert problem is None, f"{where}: {problem}"
     elif words[0] == "make":
-        targets = re.findall(r"(?m)^([a-z][a-z-]*):", (root / "Makefile").read_text())
-        assert words[1] in targets, f"README runs `make {words[1]}`, which the Makefile does not define"
+        targets = re.findall(r"(?m)^([a-z][a-z-]*):", (ROOT / "Makefile").read_text())
+        assert words[1] in targets, f"{where} runs `make {words[1]}`, which the Makefile does not define"
     elif words[1:3] == ["-m", "logitgate"]:
         out = subprocess.run([sys.executable, "-m", "logitgate", words[3], "--help"], capture_output=True, text=True, timeout=120, env=env)
         assert out.returncode == 0, out.stderr
     else:
         script = next(w for w in words if w.endswith(".py"))
-        assert (root / script).is_file(), f"README runs {script}, which does not exist"
-        out = subprocess.run([sys.executable, str(root / script), "--help"], capture_output=True, text=True, timeout=120, env=env)
+        assert (ROOT / script).is_file(), f"{where} runs {script}, which does not exist"
+        out = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True, timeout=120, env=env)
         assert out.returncode == 0, out.stderr
 
 
 def test_pip_lines_are_checked_against_pyproject_and_the_makefile():
-    root = README.parent
-    assert _pip_line_problem("pip install -e .[hf,xgrammar]".split(), root) is None
-    assert "does not define" in _pip_line_problem("pip install -e .[hf,gpu]".split(), root)
-    assert "not published" in _pip_line_problem(['pip', 'install', '"logitgate[vllm]"'], root)
-    assert "Makefile does not install" in _pip_line_problem("pip install vllm==0.1".split(), root)
+    assert _pip_line_problem("pip install -e .[hf,xgrammar]".split(), ROOT) is None
+    assert "does not define" in _pip_line_problem("pip install -e .[hf,gpu]".split(), ROOT)
+    assert "not published" in _pip_line_problem(['pip', 'install', '"logitgate[vllm]"'], ROOT)
+    assert "Makefile does not install" in _pip_line_problem("pip install vllm==0.1".split(), ROOT)

@@ -2,12 +2,12 @@
 NPU, then CPU. Backends are cached per device."""
 from __future__ import annotations
 
-import os
 import re
 import threading
 
 import torch
 
+from .. import envs
 from .base import Backend, Capabilities
 from .detect import Probe, probe_cuda, probe_npu, reset_probes
 
@@ -119,7 +119,7 @@ def get_backend(device: str | torch.device | Backend | None = None) -> Backend:
     if isinstance(device, Backend):
         return device
     if device is None:
-        env = os.environ.get(ENV_VAR, "").strip()
+        env = (envs.read(ENV_VAR) or "").strip()
         key = _normalize(env) if env else _detect()
     else:
         key = _normalize(device)
@@ -139,7 +139,7 @@ def backend_for_tensor(tensor: torch.Tensor, backend: str | torch.device | Backe
         if chosen.device.type != tensor.device.type:
             raise ValueError(f"tensor is on {tensor.device} but backend {chosen.name!r} runs on {chosen.device}")
         return chosen
-    env = os.environ.get(ENV_VAR, "").strip()
+    env = (envs.read(ENV_VAR) or "").strip()
     if env:
         chosen = get_backend(env)
         if chosen.device.type == tensor.device.type:

@@ -13,7 +13,9 @@ from typing import Any, NamedTuple
 import torch
 
 from . import reference
-from .reference import apply_top_k_top_p_reference, exponential_race, fill_exponential  # noqa: F401
+from .formats import candidate_column_tokens
+from .reference import apply_top_k_top_p_reference
+from .sampling_rules import exponential_race, fallback_tokens, fill_exponential, undefined_prob_rows
 
 
 class CandidateRows(NamedTuple):
@@ -119,7 +121,7 @@ class Backend(ABC):
         if candidates.width == 0:
             return torch.zeros(candidates.rows.shape[0], dtype=torch.int64, device=logits.device)
         columns = self.argmax(self.gather_candidate_logits(logits, candidates))
-        return reference.candidate_column_tokens(columns, candidates.starts, candidates.widths, candidates.allow_tok)
+        return candidate_column_tokens(columns, candidates.starts, candidates.widths, candidates.allow_tok)
 
     # Whether `sample_candidates` is a fused kernel that pays over gathering the layout and running
     # the Sampler's ops on it (sampling/ and structured/ pick the fused draw only where it is).
@@ -145,7 +147,7 @@ class Backend(ABC):
         widths[i]], the rest becomes -inf (see reference.keep_candidate_logits_reference)."""
         reference.keep_candidate_logits_reference(logits, *candidates)
 
-    # ---- speculative decoding: rejection sampling (layout and semantics in reference.py) ----
+    # ---- speculative decoding: rejection sampling (layout: formats.py; semantics: reference/rejection.py) ----
 
     # The noise `rejection_recover` consumes: "uniform" = one float64 per request (inverse CDF, cheap
     # where the vocabulary is walked serially), "exponential" = float32 (B, V) Exp(1) draws for the
@@ -228,15 +230,15 @@ class Backend(ABC):
         self.wait_event(noise.event)
         self.claim_on_current_stream(noise.values)
         sampled = exponential_race(probs, noise.values)
-        undefined = reference.undefined_prob_rows(probs)
+        undefined = undefined_prob_rows(probs)
         fallback = self.undefined_row_fallback(probs, undefined)
         return sampled if fallback is None else torch.where(undefined, fallback, sampled)
 
     def undefined_row_fallback(self, scores: torch.Tensor, undefined: torch.Tensor) -> torch.Tensor | None:
         """int64 (B,): the fallback token of each row (meaningful where `undefined`, see
-        reference.py), or None when the backend can tell for free that no row is undefined. Default:
+        sampling_rules.py), or None when the backend can tell for free that no row is undefined. Default:
         computed for every row, without a host sync."""
-        return reference.fallback_tokens(scores)
+        return fallback_tokens(scores)
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """int64 (B,): torch.argmax(logits, dim=-1) (the first maximum; NaN counts as the maximum)."""
@@ -246,7 +248,7 @@ class Backend(ABC):
         self, logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None, max_top_k: int | None
     ) -> torch.Tensor:
         """In place on contiguous float32 (B, V) logits: top-k then top-p (semantics in
-        reference.py); returns logits. `max_top_k`, when the caller knows it on the host, is max(k) over rows that filter
+        sampling_rules.py); returns logits. `max_top_k`, when the caller knows it on the host, is max(k) over rows that filter
         (None: unknown, or some row has no top-k). Default: the sort-based reference."""
         return apply_top_k_top_p_reference(logits, k, p)
 

@@ -1,10 +1,11 @@
 """Kernels written as torch operations that run on any device, used by backends without a custom
-kernel for an operation. Results equal the reference (backends/reference.py) exactly."""
+kernel for an operation. Results equal the reference (backends/reference/) exactly."""
 from __future__ import annotations
 
 import torch
 
-from .reference import apply_top_k_top_p_reference, top_p_threshold
+from .reference import apply_top_k_top_p_reference
+from .sampling_rules import top_p_threshold
 
 
 def apply_top_k_top_p_torch(

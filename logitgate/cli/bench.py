@@ -5,7 +5,7 @@ fresh processes (so a numba compile or a cache load is not charged to the next o
 progress lines (step, elapsed, ETA), and prints every case with its full name and four separate
 columns: times (lower is better), speedups of logitgate (higher is better), logitgate's time over a
 floor or baseline (lower is better) and the noise flag. The same tables go to summary.md.
-`logitgate bench --gpu` runs scripts/gpu_check.py instead (see the README's "GPU check").
+`logitgate bench --gpu` runs scripts/gpu_check.py instead (see docs/gpu-check.md).
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""`logitgate doctor`: versions, devices, why a device is unusable, the vLLM plugin's registration
-and which kernel each op uses."""
+"""`logitgate doctor`: versions, devices, why a device is unusable, the vLLM plugin's registration,
+the logitgate environment variables that are set (logitgate/envs.py; a set LOGITGATE_* name that
+logitgate does not read is pointed out) and which kernel each op uses."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -9,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .. import __version__
+from .. import __version__, envs
 from ..backends import ENV_VAR, DeviceUnavailableError, get_backend, probe_cuda, probe_npu
 
 PACKAGES = ("torch", "numpy", "numba", "triton", "torch_npu", "xgrammar", "transformers", "vllm")
@@ -67,7 +68,10 @@ def report(device: str | None = None) -> dict[str, Any]:
         "python": platform.python_version(),
         "versions": {p: _version(p, providers) for p in PACKAGES},
         "vllm_plugins": vllm_plugins(),
-        "env": {k: os.environ.get(k, "") for k in (ENV_VAR, "TRITON_INTERPRET", "TORCH_DEVICE_BACKEND_AUTOLOAD")},
+        # The device settings always (set or not), then every other logitgate variable that is set.
+        "env": {**{k: os.environ.get(k, "") for k in (ENV_VAR, "TRITON_INTERPRET", "TORCH_DEVICE_BACKEND_AUTOLOAD")},
+                **envs.set_variables()},
+        "unknown_env": envs.unknown_variables(),
         "devices": {
             "cpu": {"available": True, "reason": f"{torch.get_num_threads()} torch threads"},
             "cuda": {"available": cuda.available, "reason": cuda.reason},
@@ -93,6 +97,8 @@ def format_report(data: dict[str, Any]) -> str:
     lines += _columns({k: v or "not registered" for k, v in data["vllm_plugins"].items()})
     lines += ["", "environment:"]
     lines += [f"  {k}={v or '(unset)'}" for k, v in data["env"].items()]
+    lines += [f"  {k}={v}  (logitgate reads no such variable: logitgate/envs.py lists them)"
+              for k, v in data.get("unknown_env", {}).items()]
     lines += ["", "devices:"]
     lines += _columns({name: f"{'usable  ' if dev['available'] else 'unusable'}  {dev['reason']}"
                        for name, dev in data["devices"].items()})

@@ -33,7 +33,7 @@ def register(subparsers: Any) -> None:
                        help="a local Hugging Face tokenizer directory (nothing is downloaded) or a real vocabulary "
                        "name of logitgate.models.real_vocab (llama3, qwen2, llama2, gpt2, phi3, deepseek-coder)")
     build.add_argument("--start-token-id", type=int, required=True,
-                       help="the token every prompt ends with (README, 'From strings to a served tree')")
+                       help="the token every prompt ends with (docs/vllm.md, 'Start tokens')")
     build.add_argument("--end-token-id", type=int, default=None, help="the token after each string (default: EOS)")
     build.add_argument("--out", default=None, metavar="FILE", help="write the JSON here (default: stdout)")
     build.set_defaults(func=cmd_build)

@@ -21,6 +21,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from .. import envs
+
 logger = logging.getLogger(__name__)
 
 SDIST_PACKAGE = "llama-cpp-python"
@@ -39,7 +41,8 @@ VOCABS = {
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("LOGITGATE_CACHE", Path.home() / ".cache" / "logitgate"))
+    value = envs.read("LOGITGATE_CACHE")
+    return Path(value if value is not None else Path.home() / ".cache" / "logitgate")
 
 
 def _check_name(name: str) -> str:

@@ -20,7 +20,7 @@ import torch
 
 from ..backends import Backend, backend_for_tensor, get_backend
 from ..backends.base import NOISE_EXPONENTIAL, NOISE_UNIFORM, SamplingNoise
-from ..backends.reference import undefined_logit_rows
+from ..backends.sampling_rules import undefined_logit_rows
 from .params import SAMPLING_EPS
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 def check_top_p_values(p: torch.Tensor | None, name: str = "p") -> None:
     """top_p <= 0 (or NaN) has no meaning: reject it where reading the values is free (a host
     tensor); a device tensor is not read (that would be a sync) and behaves as documented in
-    backends/reference.py."""
+    backends/sampling_rules.py."""
     if p is None or p.device.type != "cpu":
         return
     bad = (~(p > 0)).nonzero()
@@ -102,7 +102,7 @@ def undefined_row_fallback(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(undefined bool (B,), fallback int64 (B,) or None): the rows of logits / temperature that
     have no distribution (a NaN, a +inf, nothing above -inf) and the token each of them is sampled
-    as (backends/reference.py: the argmax with NaN ignored, 0 when nothing is left). fallback is
+    as (backends/sampling_rules.py: the argmax with NaN ignored, 0 when nothing is left). fallback is
     None when the backend knows for free that every row is defined; no host sync on devices."""
     undefined = undefined_logit_rows(logits, temperature)
     return undefined, backend_for_tensor(logits, backend).undefined_row_fallback(logits, undefined)
@@ -122,7 +122,7 @@ def apply_top_k_top_p(
     host tensor raises ValueError). Ties at the cut
     are kept together. `max_top_k`, when the caller knows it on the host (SamplingMetadata does), is
     max(k) if every row has a top-k, and lets GPU/NPU backends use torch.topk instead of a sort.
-    Semantics: backends/reference.py (the sort-based reference). Returns logits.
+    Semantics: backends/sampling_rules.py (the sort-based reference: backends/reference/sampling.py). Returns logits.
     """
     check_logits(logits)
     _check_rows(k, logits, "k", integer=True)

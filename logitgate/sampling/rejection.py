@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from ..backends import Backend, backend_for_tensor
+from ..backends.formats import rejection_output
+from ..backends.sampling_rules import tempered_logits
 from ..checks import is_integer
-from ..backends.reference import rejection_output_reference, tempered_logits
 from .ops import as_generator_dict, check_top_p_values
 
 logger = logging.getLogger(__name__)
@@ -139,7 +140,7 @@ def _verify(
     verified randomly against `logits` (raw or processed) with the pre-drawn `uniform` / `noise`."""
     if batch.draft_token_ids.numel() == 0:
         accepted = torch.zeros(batch.batch_size, dtype=torch.int32, device=batch.cu.device)
-        return rejection_output_reference(batch.starts, batch.draft_token_ids, accepted, batch.bonus, batch.width), accepted
+        return rejection_output(batch.starts, batch.draft_token_ids, accepted, batch.bonus, batch.width), accepted
     greedy_result = None
     if logits is None or is_greedy is not None:
         greedy_result = be.rejection_greedy_accept(batch.cu, batch.draft_token_ids, batch.target_logits, is_greedy)
@@ -160,7 +161,7 @@ def _verify(
             accepted = torch.where(is_greedy, greedy_result[0], accepted)
             correction = torch.where(is_greedy, greedy_result[1], correction)
     final = torch.where(accepted.to(torch.int64) < batch.count_tensor, correction.to(torch.int64), batch.bonus.to(torch.int64))
-    return rejection_output_reference(batch.starts, batch.draft_token_ids, accepted, final, batch.width), accepted
+    return rejection_output(batch.starts, batch.draft_token_ids, accepted, final, batch.width), accepted
 
 
 # ---- random numbers (drawn here, so the kernels stay pure functions of their inputs) ----

@@ -179,7 +179,7 @@ class Sampler:
         for processor in metadata.logitsprocs.argmax_invariant:
             logits = processor.apply(logits)
         # A row with a NaN, a +inf or nothing left above -inf has no distribution: it is sampled as
-        # its fallback token on every backend (backends/reference.py), and the filters below must
+        # its fallback token on every backend (backends/sampling_rules.py), and the filters below must
         # not decide what it becomes.
         undefined, fallback = ops.undefined_row_fallback(logits, backend=backend)
         logits, probs = ops.top_k_top_p_probs(logits, metadata.top_k, metadata.top_p, max_top_k=metadata.max_top_k, backend=backend)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ..backends import Backend
-from ..backends.reference import BITS_PER_WORD, leading_true_counts
+from ..backends.formats import BITS_PER_WORD, leading_true_counts
 from ..structured.bitmask import apply_token_bitmask_inplace
 from .rejection import check_num_draft_tokens, host_spec_layout
 

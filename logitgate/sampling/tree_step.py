@@ -16,7 +16,7 @@ import torch
 
 from ..backends import backend_for_tensor
 from ..backends.base import NOISE_UNIFORM
-from ..backends.reference import draw_uniforms
+from ..backends.sampling_rules import draw_uniforms
 from ..structured.tree import TreeDFA
 from ..structured.tree_candidates import TreeStepPlan, plan_tree_step
 from .ops import check_logits, check_noise, check_top_p_values

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..backends import Backend, backend_for_tensor
-from ..backends.reference import BITS_PER_WORD, num_bitmask_words, pack_bitmask, unpack_bitmask
+from ..backends.formats import BITS_PER_WORD, num_bitmask_words, pack_bitmask, unpack_bitmask
 from ..checks import as_index, as_positive_int, as_token_id, is_integer
 
 __all__ = [

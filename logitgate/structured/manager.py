@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..backends.reference import num_bitmask_words
+from ..backends.formats import num_bitmask_words
 from ..checks import as_positive_int, as_token_id, is_integer, short_repr
 from .grammar import Grammar, GrammarBackend
 from .params import StructuredOutputsParams

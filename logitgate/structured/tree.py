@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..backends import Backend, get_backend
-from ..backends.reference import gather_csr_rows
+from ..backends.formats import gather_csr_rows
 from .compile_cache import LRUCache, content_hash
 from .tree_graph import CODE_SHIFT, CompiledTree, TreeGraph, compile_graph, prefix_dict_graph, sequences_graph
 from ..tree_limits import TreeLimits, TreeTooLarge, cache_bytes_from_env

@@ -27,15 +27,15 @@ layer's: logitgate.sampling.tree_step (`sample_tree_step`, `sample_plan`, `tree_
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from .. import envs
 from ..backends.base import CandidateRows
-from ..backends.reference import num_bitmask_words
+from ..backends.formats import num_bitmask_words
 from ..checks import short_repr
 from .tree import TreeDFA
 
@@ -63,7 +63,7 @@ def resolve_sparse_max_fraction(value: float | None = None) -> float:
     """The crossover in force: `value`, else LOGITGATE_TREE_SPARSE_MAX_FRACTION, else the default.
     0 makes every row dense; 1 every row sparse."""
     if value is None:
-        text = os.environ.get(ENV_SPARSE_MAX_FRACTION)
+        text = envs.read(ENV_SPARSE_MAX_FRACTION)
         if text is None:
             return DEFAULT_SPARSE_MAX_FRACTION
         try:

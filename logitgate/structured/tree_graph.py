@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..backends.reference import num_bitmask_words
+from ..backends.formats import num_bitmask_words
 from .tree_loaders import PrefixDictSpec, SequenceSpec, quote_key
 
 CODE_SHIFT = 31  # (node, token) -> node << 31 | token; token ids are < 2**31

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
+from .. import envs
 from .grammar import BaseGrammarBackend, Grammar, TokenHistory
 from .registry import register_grammar_backend
 
@@ -214,7 +214,7 @@ class XGrammarBackend(BaseGrammarBackend):
 def resolve_cache_limit(cache_limit_bytes: int | None) -> int:
     """The compiler cache bound in bytes: the argument, else the environment, else the default."""
     if cache_limit_bytes is None:
-        raw = os.environ.get(CACHE_LIMIT_ENV)
+        raw = envs.read(CACHE_LIMIT_ENV)
         if raw is None or not raw.strip():
             return DEFAULT_CACHE_LIMIT_BYTES
         try:

@@ -22,7 +22,7 @@ def test_free_section_shows_a_blank_output():
     assert lines[2].split()[:2] == ["Europe", "Europe/Berlin"]
 
 
-def test_readme_excerpt_shows_the_schema_the_demo_prints():
+def test_demo_page_excerpt_shows_the_schema_the_demo_prints():
     from pathlib import Path
 
     from logitgate.cli.demo import JSON_SCHEMA
@@ -30,5 +30,5 @@ def test_readme_excerpt_shows_the_schema_the_demo_prints():
 
     report = {"runs": [{"name": "json greedy (xgrammar)", "outputs": []}], "json_schema": JSON_SCHEMA}
     header = _section_json(report)[0]
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert header in readme.splitlines()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "demo.md").read_text()
+    assert header in page.splitlines()

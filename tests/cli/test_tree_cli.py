@@ -121,7 +121,7 @@ def test_build_from_the_catalog_gives_the_shipped_tree(tmp_path, capsys):
 
 
 def test_build_for_llama3_and_its_start_tokens(tmp_path, capsys):
-    """The start-token choice the README documents, checked on Llama-3's real tokenizer: text after
+    """The start-token choice docs/vllm.md documents, checked on Llama-3's real tokenizer: text after
     <|reserved_special_token_0|> (128002, completions) or after the chat template's final "\\n\\n"
     (271) tokenizes as the string alone, so a tree built from the strings alone matches."""
     from real_tokenizers import real_tokenizer

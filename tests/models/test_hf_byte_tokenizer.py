@@ -74,7 +74,7 @@ def test_xgrammar_tokenizer_info_from_huggingface_matches_the_raw_one():
         hf_allowed, raw_allowed = token_ids_from_bitmask(masks, VOCAB_SIZE)
         # The same bytes and stop token at every step. xgrammar 0.2.8 treats only tokens that decode
         # to nothing as special, so from_huggingface also lets "<root>" etc. into a JSON string as
-        # text (README, "xgrammar caveats"); the RAW info has them empty, hence special.
+        # text (docs/versions.md, "xgrammar caveats"); the RAW info has them empty, hence special.
         assert [t for t in hf_allowed if t < 256 or t == EOS_ID] == raw_allowed
         assert all(m.accept_token(token) for m in matchers)
     assert all(m.is_terminated() for m in matchers)

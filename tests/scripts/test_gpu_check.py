@@ -1,6 +1,6 @@
 """The GPU check's logic on the CPU: argument handling, package installation from the wheel folder,
 the dry run end to end (same benchmark code on CPU tensors) and its JSON / markdown, junit parsing,
-and `logitgate bench --gpu`. The hardware run itself needs a GPU (see the README's "GPU check")."""
+and `logitgate bench --gpu`. The hardware run itself needs a GPU (see docs/gpu-check.md)."""
 import importlib.util
 import json
 import subprocess

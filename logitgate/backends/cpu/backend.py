@@ -10,12 +10,8 @@ from . import rejection_kernels
 from ..base import NOISE_UNIFORM, Backend, Capabilities, SamplingNoise
 from .bitmask_kernels import apply_token_bitmask_cpu
 from .sampling_kernels import apply_top_k_cpu, apply_top_p_cpu, argmax_cpu, inverse_cdf_sample_cpu
-from ..reference import (
-    draw_uniforms,
-    fallback_tokens,
-    gather_candidate_logits_reference,
-    keep_candidate_logits_reference,
-)
+from ..reference import gather_candidate_logits_reference, keep_candidate_logits_reference
+from ..sampling_rules import draw_uniforms, fallback_tokens
 from .threads import numba_thread_cap, thread_cap
 
 

@@ -3,7 +3,7 @@
 They exploit what a CPU does well: one request's drafts are verified serially, so a row is read
 only when it is needed (rows after the first rejection never are), the acceptance test needs one
 logsumexp per row and never a written softmax, and the recovered token is drawn from the single
-rejected row by inverse CDF with one uniform per request. Semantics: reference.py.
+rejected row by inverse CDF with one uniform per request. Semantics: reference/rejection.py.
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def _row_argmax(row):  # pragma: no cover - jitted
 
 @numba.njit(cache=True, nogil=True)
 def _row_fallback(row, temperature):  # pragma: no cover - jitted
-    """The fallback token of a row without a distribution (reference.fallback_tokens): the first
+    """The fallback token of a row without a distribution (sampling_rules.fallback_tokens): the first
     maximum of row / temperature with NaN ignored, 0 when nothing is above -inf."""
     best = -np.inf
     chosen = 0

@@ -1,5 +1,5 @@
 """numba kernels for sampling on the CPU backend: inverse-CDF draws and top-k / top-p filters that
-avoid sorting the vocabulary. Semantics are those of the torch reference (backends/reference.py)."""
+avoid sorting the vocabulary. Semantics are those of the torch reference (backends/reference/sampling.py)."""
 from __future__ import annotations
 
 import numba
@@ -98,7 +98,7 @@ def _inverse_cdf_row(row, u):  # pragma: no cover - jitted
     for b in range(num_blocks):
         sums[b] = _block_sum(row, b * _CDF_BLOCK, min(vocab, (b + 1) * _CDF_BLOCK))
         total += sums[b]
-    if not (0.0 < total < np.inf):  # NaN, inf or no mass: no distribution (reference.py)
+    if not (0.0 < total < np.inf):  # NaN, inf or no mass: no distribution (sampling_rules.py)
         return _fallback_token(row)
     target = u * total
     chosen = -1

@@ -14,6 +14,8 @@ import contextlib
 import os
 from collections.abc import Iterator
 
+from ... import envs
+
 ENV_THREADS = "LOGITGATE_THREADS"
 
 
@@ -26,7 +28,7 @@ def usable_cores() -> int:
 
 def safe_thread_count(cores: int | None = None, load: float | None = None) -> int:
     """LOGITGATE_THREADS if set, else the idle cores: round(cores - load), clamped to [1, cores]."""
-    value = os.environ.get(ENV_THREADS)
+    value = envs.read(ENV_THREADS)
     if value:
         try:
             threads = int(value)

@@ -1,7 +1,7 @@
 """numba kernels for tree candidates on the CPU backend: the sparse sampling layout (gather each
 row's allowed logits) and candidate-only masking (fill a row with -inf, put its allowed logits
 back), and the greedy token over a row's candidates (gather into a scratch row, then the
-sampler's own argmax row kernel). Semantics: backends/reference.py (gather_candidate_logits_reference,
+sampler's own argmax row kernel). Semantics: backends/reference/tree.py (gather_candidate_logits_reference,
 keep_candidate_logits_reference, candidate_argmax_reference). Work per row is its number of candidates (plus the padding of
 the layout, or the -inf fill of the row), never a bitmask over the vocabulary."""
 from __future__ import annotations

@@ -6,7 +6,7 @@ cal_grid_and_block_size). Within a request the drafts are checked in order and a
 while nothing has been rejected, in vocabulary tiles of BLOCK_V tokens (sized on Ascend for the
 192 KB unified buffer). Nothing is written per token: the acceptance test needs one logsumexp per
 row and the recovered token one pass over the single rejected row (the exponential race). All
-arithmetic is float32 (the interpreter cannot do bfloat16). Semantics: ../reference.py.
+arithmetic is float32 (the interpreter cannot do bfloat16). Semantics: ../reference/rejection.py.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _request(cu_ptr, active_ptr, pid, i, batch_size, HAS_ACTIVE: tl.constexpr, R
 @triton.jit
 def _row_argmax(row_ptr, vocab_size, temperature, BLOCK_V: tl.constexpr, NAN_IS_MAX: tl.constexpr):
     """The first maximum of row / temperature; with NAN_IS_MAX torch.argmax semantics (the first
-    NaN if any), else NaN ignored (reference.fallback_tokens: 0 when nothing is above -inf).
+    NaN if any), else NaN ignored (sampling_rules.fallback_tokens: 0 when nothing is above -inf).
     Always < vocab_size."""
     best_val = -float("inf")
     best_idx = 0
@@ -121,7 +121,7 @@ def _random_accept_kernel(
                     z = tl.load(logits_ptr + row64 * logits_stride + safe).to(tl.float32) / temperature
                     target_p = tl.exp(z - lse)
                     if (lse != lse) | (lse == float("inf")) | (lse == -float("inf")):
-                        # No distribution: a point mass on the fallback token (reference.py).
+                        # No distribution: a point mass on the fallback token (sampling_rules.py).
                         fallback = _row_argmax(logits_ptr + row64 * logits_stride, vocab_size, temperature, BLOCK_V, False)
                         target_p = tl.where(x == fallback, 1.0, 0.0)
                     draft_p = 1.0
@@ -195,7 +195,7 @@ def _recover_kernel(
                 token = tl.where(w_total > 0, best_w_idx, best_t_idx)
                 token = tl.minimum(tl.maximum(token, 0), vocab_size - 1)
                 if (lse != lse) | (lse == float("inf")) | (lse == -float("inf")):
-                    # No distribution: a point mass on the fallback token (reference.py).
+                    # No distribution: a point mass on the fallback token (sampling_rules.py).
                     token = _row_argmax(logits_ptr + row64 * logits_stride, vocab_size, temperature, BLOCK_V, False)
             tl.store(out_ptr + r, token)
 

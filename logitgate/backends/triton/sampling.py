@@ -5,7 +5,7 @@ the vector cores on Ascend) and finds the row's cut by bisection over the float3
 each step one pass over the row that counts (top-k) or sums (top-p) what lies above the candidate:
 32 passes give the exact k-th largest value, 31 the exact smallest kept probability (probabilities
 are non-negative, so their bits order like their values). Then one pass writes the -inf.
-Semantics are the reference's (backends/reference.py); top-p sums in float32, as vLLM's own
+Semantics are the reference's (backends/reference/sampling.py); top-p sums in float32, as vLLM's own
 float32 cumulative sum does.
 """
 from __future__ import annotations

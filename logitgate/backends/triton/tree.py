@@ -6,7 +6,7 @@
 - fill: the xgrammar-format bitmask of tree states (a precomputed dense row, plus the bits of a
   sparse token list).
 
-Semantics: ../reference.py (gather_candidate_logits_reference, keep_candidate_logits_reference,
+Semantics: ../reference/tree.py (gather_candidate_logits_reference, keep_candidate_logits_reference,
 fill_tree_bitmask_reference). Each kernel walks (rows, columns) tiles of `block` lanes with a
 grid-stride loop: one tile per program on CUDA, a few long-lived programs, one per vector core, on
 Ascend; a layout of narrow rows packs many rows into a tile. A row's token list is read only below

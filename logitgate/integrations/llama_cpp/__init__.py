@@ -1,5 +1,5 @@
 """logitgate in llama.cpp (llama-cpp-python): trees and grammars as a logits processor, skip-ahead
-generation and constrained prompt-lookup drafts. See README, "logitgate in llama.cpp".
+generation and constrained prompt-lookup drafts. See docs/llama_cpp.md.
 
 - `constrain(llm, strings=... | token_trie=... | prefix_dict=... | json=... | regex=... | grammar=...,
   mode="greedy" | "sampled", marker=None)` -> `LlamaConstraint`; pass

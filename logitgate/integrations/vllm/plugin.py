@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 
+from ... import envs
 from .tree_args import check_global_tree
 
 __all__ = ["ALL_OPS", "OPS_ENV", "register", "selected_ops"]
@@ -36,7 +36,7 @@ def selected_ops(value: str | None = None) -> frozenset[str]:
     """The operations named by `value` (default: the environment variable). ValueError for an
     unknown name, so a typo never silently turns an operation off."""
     if value is None:
-        value = os.environ.get(OPS_ENV)
+        value = envs.read(OPS_ENV)
     if value is None or value.strip().lower() in ("", "all"):
         return ALL_OPS
     names = {part.strip().lower() for part in value.split(",") if part.strip()}

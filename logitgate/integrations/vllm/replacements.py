@@ -13,12 +13,13 @@ worker breaks when llvmlite is loaded before it initialises.
 from __future__ import annotations
 
 import functools
-import os
 import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from ... import envs
 
 __all__ = [
     "DEVICES_ENV",
@@ -55,7 +56,7 @@ def _parse_devices(value: str | None) -> frozenset[str]:
 
 def routed_devices() -> frozenset[str]:
     """Device types whose calls run on logitgate's kernels (LOGITGATE_VLLM_DEVICES, default cpu)."""
-    return _parse_devices(os.environ.get(DEVICES_ENV))
+    return _parse_devices(envs.read(DEVICES_ENV))
 
 
 def routed(tensor: torch.Tensor) -> bool:
@@ -136,7 +137,7 @@ def _parse_seeded(value: str | None) -> str:
 def seeded_draws() -> str:
     """Who draws seeded rows and fp64-Gumbel calls (LOGITGATE_VLLM_SEEDED): `vllm` (default: the
     tokens vLLM gives without the plugin) or `logitgate` (its own exact draw, other tokens per seed)."""
-    return _parse_seeded(os.environ.get(SEEDED_ENV))
+    return _parse_seeded(envs.read(SEEDED_ENV))
 
 
 def random_sample_replacement(original: Callable, name: str) -> Callable:

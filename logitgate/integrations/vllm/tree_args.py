@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ... import envs
+
 __all__ = ["GLOBAL_TREE_ENV", "TREE_DIR_ENV", "check_global_tree", "resolve_tree_args", "tree_request_for"]
 
 GLOBAL_TREE_ENV = "LOGITGATE_TREE_DECODE_CONFIG"
@@ -39,7 +41,7 @@ def _is_json_text(value: Any) -> bool:
 
 def _named_tree(name: str, key: str) -> Path:
     """The operator's file for a tree name; ValueError that says what is wrong."""
-    root = os.environ.get(TREE_DIR_ENV)
+    root = envs.read(TREE_DIR_ENV)
     if not _NAME.fullmatch(name) or name in (".", ".."):
         raise ValueError(
             f"extra_args[{key!r}] is neither JSON nor a tree name ({name[:80]!r}): names are letters, digits, "
@@ -67,7 +69,7 @@ def check_global_tree() -> None:
     stops the server instead of refusing every request. Only the standard library here: the full
     parser (logitgate.structured) loads numba, which must not be loaded before vLLM-CPU's worker
     starts; keys and token ids are checked with the model's vocabulary at the first request."""
-    path = os.environ.get(GLOBAL_TREE_ENV)
+    path = envs.read(GLOBAL_TREE_ENV)
     if not path:
         return
     try:
@@ -98,7 +100,7 @@ def resolve_tree_args(extra_args: Mapping[str, Any] | None) -> dict[str, Any] | 
     args = dict(extra_args or {})
     named = [key for key in TREE_KEYS if args.get(key) is not None]
     if not named:
-        path = os.environ.get(GLOBAL_TREE_ENV)
+        path = envs.read(GLOBAL_TREE_ENV)
         if not path:  # a trie option without a trie is still an error (tree_request names it)
             return args if any(args.get(key) is not None for key in TRIE_OPTION_KEYS) else None
         if not Path(path).is_file():
@@ -130,7 +132,7 @@ def tree_request_for(sampling_params: Any) -> Any:
 
     extra_args = getattr(sampling_params, "extra_args", None)
     # What the resolve reads: the extra_args object and the operator's two variables.
-    source = (extra_args, os.environ.get(GLOBAL_TREE_ENV), os.environ.get(TREE_DIR_ENV))
+    source = (extra_args, envs.read(GLOBAL_TREE_ENV), envs.read(TREE_DIR_ENV))
     kept = getattr(sampling_params, _RESOLVED_ATTR, None)
     if kept is not None and kept[0] is extra_args and kept[1:3] == source[1:]:
         return kept[3]

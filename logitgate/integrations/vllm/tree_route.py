@@ -27,12 +27,12 @@ request.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from ... import envs
 from .tree_args import GLOBAL_TREE_ENV, TREE_KEYS, tree_request_for
 
 __all__ = ["install", "is_installed"]
@@ -73,7 +73,7 @@ def _front_end_check(params: Any, vocab_size: Callable[[], int], served: bool = 
     if request is None:
         return None
     if not served:
-        raise ValueError(_NOT_SERVED.format(ops=os.environ.get("LOGITGATE_VLLM_OPS", "")))
+        raise ValueError(_NOT_SERVED.format(ops=envs.read("LOGITGATE_VLLM_OPS") or ""))
     structured = getattr(params, "structured_outputs", None)
     if structured is not None and not structured.all_constraints_none():
         raise ValueError(
@@ -136,7 +136,7 @@ _BEAM_SEARCH_REFUSED = (
 
 
 def _asks_for_tree(xargs: Any) -> bool:
-    if os.environ.get(GLOBAL_TREE_ENV):
+    if envs.read(GLOBAL_TREE_ENV):
         return True
     return isinstance(xargs, dict) and any(xargs.get(key) is not None for key in TREE_KEYS)
 
@@ -167,7 +167,7 @@ def _guard_beam_search() -> list[str]:
         original_offline = offline.beam_search
 
         def beam_search(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if os.environ.get(GLOBAL_TREE_ENV):
+            if envs.read(GLOBAL_TREE_ENV):
                 raise VLLMValidationError(_BEAM_SEARCH_REFUSED, parameter="beam_search")
             return original_offline(self, *args, **kwargs)
 

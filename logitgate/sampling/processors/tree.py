@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...backends.reference import num_bitmask_words
+from ...backends.formats import num_bitmask_words
 from ...structured.bitmask import apply_token_bitmask_inplace
 from ...structured.tree import TreeDFA
 from ...structured.tree_candidates import host_widths, keep_only_allowed
