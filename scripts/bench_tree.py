@@ -20,7 +20,7 @@ top-p 0.9; the same Sampler everywhere) on three trees, B=64 rows at depths 0-2:
   Llama-3 tokenizer, joined by spaces) tokenized with that tokenizer (add_special_tokens=False),
   with its compile time and memory per node;
 methods: rtp_style (string keys, uint8 host mask, masked_fill, Sampler), logitgate_dense
-(fill_bitmask + apply, Sampler) and logitgate_tree_step (structured/tree_candidates.py:
+(fill_bitmask + apply, Sampler) and logitgate_tree_step (sampling/tree_step.py:
 sample_tree_step, the default crossover), interleaved, medians; "crossover" times sparse against
 dense for rows allowing a growing fraction of the vocabulary. `--steps-only` skips the rest.
 
@@ -42,7 +42,8 @@ from logitgate import TreeDFA
 from logitgate.backends.cpu.threads import set_thread_cap
 from logitgate.cli.bench_harness import Progress, emit, plot_bars, time_runs
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams
-from logitgate.structured.tree_candidates import keep_only_allowed, sample_tree_step
+from logitgate.sampling.tree_step import sample_tree_step
+from logitgate.structured.tree_candidates import keep_only_allowed
 
 START, END = 1, 2
 CODEBOOK, BASE = 256, 1000  # item token j of an item comes from codebook j: BASE + j*CODEBOOK + code
@@ -314,7 +315,7 @@ def step_rows(tree_name: str, items, vocabs: list[int], repeats: int, with_rtp_a
                 picks = [fn(logits.clone()) for fn in methods.values()]
                 assert all(torch.equal(p, picks[0]) for p in picks)
             ms = interleaved_medians(methods, logits, repeats)
-            widths = tree._host.widths[states.numpy()]
+            widths = tree.host.widths[states.numpy()]
             row = {"case": tree_name, "mode": mode, "vocab": vocab, "allowed_sum": int(widths.sum()),
                    "allowed_max": int(widths.max()), **{f"{k}_ms": v for k, v in ms.items()}}
             row["tree_step_speedup_vs_dense"] = ms["logitgate_dense"] / ms["logitgate_tree_step"]

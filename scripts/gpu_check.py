@@ -241,6 +241,7 @@ def decode_step_parts(backend, shapes: dict) -> dict[str, Callable[[], Any]]:
     import logitgate
     from bench_tree import batch_prefixes, make_catalog, prefix_dict_config
     from logitgate import TreeDFA
+    from logitgate.backends.base import CandidateRows
     from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams
     from logitgate.sampling.rejection import rejection_sample
 
@@ -280,8 +281,8 @@ def decode_step_parts(backend, shapes: dict) -> dict[str, Callable[[], Any]]:
         "tree fill_bitmask": lambda: tree.fill_bitmask(state["states"], bitmask),
         "apply_token_bitmask": lambda: logitgate.apply_token_bitmask_inplace(logits, bitmask, backend=backend),
         "tree candidates": lambda: tree.candidates(state["states"]),
-        "tree gather candidates (sparse layout)": lambda: backend.gather_candidate_logits(logits, *tree_args, width),
-        "tree keep only allowed": lambda: backend.keep_candidate_logits(kept, *tree_args, width),
+        "tree gather candidates (sparse layout)": lambda: backend.gather_candidate_logits(logits, CandidateRows(*tree_args, width)),
+        "tree keep only allowed": lambda: backend.keep_candidate_logits(kept, CandidateRows(*tree_args, width)),
         "Sampler (noise prefetched on the side stream, top-k/top-p, draw)": sample,
         "rejection_sample (B=%d, k=%d, draft probs)" % (rb, k): lambda: rejection_sample(
             drafts, counts, target, bonus, draft_probs=draft_probs, temperature=temperature, backend=backend),
@@ -498,6 +499,7 @@ def bench_tree(backend, shapes, timer: Timer, repeats: int, progress) -> list[di
     import logitgate
     from bench_tree import batch_prefixes, make_catalog, prefix_dict_config
     from logitgate import TreeDFA
+    from logitgate.backends.base import CandidateRows
 
     batch, vocab, items = shapes["tree"]
     dev = backend.device
@@ -525,7 +527,7 @@ def bench_tree(backend, shapes, timer: Timer, repeats: int, progress) -> list[di
     # layout of the batch's exact widths; keep works on its own copy of the logits.
     tree_args, width = tree_kernel_args(tree, states)
     kept = logits.clone()
-    fill_args = (states, tree._allow_start, tree._allow_tok, tree._fill_width, tree._fill_max_width,
+    fill_args = (states, tree.allow_start, tree.allow_tok, tree._fill_width, tree._fill_max_width,
                  tree._dense_rows, tree._dense_slot)
     torch_bitmask = bitmask.clone()
     fns = {
@@ -534,9 +536,9 @@ def bench_tree(backend, shapes, timer: Timer, repeats: int, progress) -> list[di
         "fill_and_apply": dense,
         "candidates": lambda: tree.candidates(states),
         "candidates_greedy": sparse_greedy,
-        "gather_candidates": lambda: backend.gather_candidate_logits(logits, *tree_args, width),
+        "gather_candidates": lambda: backend.gather_candidate_logits(logits, CandidateRows(*tree_args, width)),
         "gather_candidates_torch": lambda: reference.gather_candidate_logits_reference(logits, *tree_args, width),
-        "keep_only_allowed": lambda: backend.keep_candidate_logits(kept, *tree_args, width),
+        "keep_only_allowed": lambda: backend.keep_candidate_logits(kept, CandidateRows(*tree_args, width)),
         "keep_only_allowed_torch": lambda: reference.keep_candidate_logits_reference(kept, *tree_args, width),
         "advance": lambda: tree.advance(states, tokens),
     }
@@ -555,9 +557,9 @@ def tree_kernel_args(tree, states):
     width (the widest row, read once here, outside any timed or sync-checked part)."""
     import torch
 
-    widths = tree._width[states].long()
+    widths = tree.widths[states].long()
     rows = torch.arange(states.shape[0], device=states.device)
-    return (rows, tree._allow_start[states], widths, tree._allow_tok), int(widths.max())
+    return (rows, tree.allow_start[states], widths, tree.allow_tok), int(widths.max())
 
 
 def tree_kernels_correct(backend, tree, states, logits, fill_args) -> dict[str, bool]:
@@ -565,6 +567,7 @@ def tree_kernels_correct(backend, tree, states, logits, fill_args) -> dict[str, 
     import torch
 
     from logitgate.backends import reference
+    from logitgate.backends.base import CandidateRows
 
     args, width = tree_kernel_args(tree, states)
     got_mask, want_mask = (torch.full((states.shape[0], (logits.shape[1] + 31) // 32), 7, dtype=torch.int32,
@@ -572,9 +575,9 @@ def tree_kernels_correct(backend, tree, states, logits, fill_args) -> dict[str, 
     backend.fill_tree_bitmask(got_mask, *fill_args)
     reference.fill_tree_bitmask_reference(want_mask, *fill_args)
     got_keep, want_keep = logits.clone(), logits.clone()
-    backend.keep_candidate_logits(got_keep, *args, width)
+    backend.keep_candidate_logits(got_keep, CandidateRows(*args, width))
     reference.keep_candidate_logits_reference(want_keep, *args, width)
-    gathered = backend.gather_candidate_logits(logits, *args, width)
+    gathered = backend.gather_candidate_logits(logits, CandidateRows(*args, width))
     return {"fill_bitmask": torch.equal(got_mask, want_mask),
             "gather_candidates": torch.equal(gathered, reference.gather_candidate_logits_reference(logits, *args, width)),
             "keep_only_allowed": torch.equal(got_keep, want_keep)}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -16,6 +16,19 @@ from . import reference
 from .formats import candidate_column_tokens
 from .reference import apply_top_k_top_p_reference
 from .sampling_rules import exponential_race, fallback_tokens, fill_exponential, undefined_prob_rows
+
+
+class CandidateRows(NamedTuple):
+    """Rows of the sparse layout as the candidate kernels read them: layout row i is logits row
+    rows[i], whose allowed tokens are allow_tok[starts[i] : starts[i] + widths[i]] (sorted), and
+    `width` (>= every widths[i]) is the layout's column count. rows/starts/widths are int64 (n,) and
+    allow_tok int32, all on the logits' device. A NamedTuple, so a kernel takes `*candidates`."""
+
+    rows: torch.Tensor
+    starts: torch.Tensor
+    widths: torch.Tensor
+    allow_tok: torch.Tensor
+    width: int
 
 
 @dataclass(frozen=True)
@@ -95,36 +108,20 @@ class Backend(ABC):
         reference.fill_tree_bitmask_reference); on the device, no host sync."""
         reference.fill_tree_bitmask_reference(bitmask, states, allow_start, allow_tok, fill_width, max_width, dense_rows, dense_slot)
 
-    def gather_candidate_logits(
-        self,
-        logits: torch.Tensor,
-        rows: torch.Tensor,
-        starts: torch.Tensor,
-        widths: torch.Tensor,
-        allow_tok: torch.Tensor,
-        width: int,
-    ) -> torch.Tensor:
+    def gather_candidate_logits(self, logits: torch.Tensor, candidates: CandidateRows) -> torch.Tensor:
         """float32 (n, width): row i holds logits[rows[i]] at the tokens allow_tok[starts[i] :
         starts[i] + widths[i]], then -inf (see reference.gather_candidate_logits_reference); no
         host sync."""
-        return reference.gather_candidate_logits_reference(logits, rows, starts, widths, allow_tok, width)
+        return reference.gather_candidate_logits_reference(logits, *candidates)
 
-    def candidate_argmax(
-        self,
-        logits: torch.Tensor,
-        rows: torch.Tensor,
-        starts: torch.Tensor,
-        widths: torch.Tensor,
-        allow_tok: torch.Tensor,
-        width: int,
-    ) -> torch.Tensor:
+    def candidate_argmax(self, logits: torch.Tensor, candidates: CandidateRows) -> torch.Tensor:
         """int64 (n,): the greedy token of each row over its allowed tokens (see
         reference.candidate_argmax_reference). Default: this backend's gather, then its argmax,
         then the column's token; no host sync."""
-        if width == 0:
-            return torch.zeros(rows.shape[0], dtype=torch.int64, device=logits.device)
-        columns = self.argmax(self.gather_candidate_logits(logits, rows, starts, widths, allow_tok, width))
-        return candidate_column_tokens(columns, starts, widths, allow_tok)
+        if candidates.width == 0:
+            return torch.zeros(candidates.rows.shape[0], dtype=torch.int64, device=logits.device)
+        columns = self.argmax(self.gather_candidate_logits(logits, candidates))
+        return candidate_column_tokens(columns, candidates.starts, candidates.widths, candidates.allow_tok)
 
     # Whether `sample_candidates` is a fused kernel that pays over gathering the layout and running
     # the Sampler's ops on it (sampling/ and structured/ pick the fused draw only where it is).
@@ -133,11 +130,7 @@ class Backend(ABC):
     def sample_candidates(
         self,
         logits: torch.Tensor,
-        rows: torch.Tensor,
-        starts: torch.Tensor,
-        widths: torch.Tensor,
-        allow_tok: torch.Tensor,
-        width: int,
+        candidates: CandidateRows,
         temperature: torch.Tensor,
         greedy: torch.Tensor | None,
         top_k: torch.Tensor | None,
@@ -147,22 +140,12 @@ class Backend(ABC):
         """int64 (n,): one token per row of the sparse layout, greedy or drawn with temperature,
         top-k, top-p and one float64 uniform per row (see reference.sample_candidates_reference);
         no host sync. Default: the torch reference."""
-        return reference.sample_candidates_reference(
-            logits, rows, starts, widths, allow_tok, width, temperature, greedy, top_k, top_p, uniform
-        )
+        return reference.sample_candidates_reference(logits, *candidates, temperature, greedy, top_k, top_p, uniform)
 
-    def keep_candidate_logits(
-        self,
-        logits: torch.Tensor,
-        rows: torch.Tensor,
-        starts: torch.Tensor,
-        widths: torch.Tensor,
-        allow_tok: torch.Tensor,
-        width: int,
-    ) -> None:
+    def keep_candidate_logits(self, logits: torch.Tensor, candidates: CandidateRows) -> None:
         """In place: rows[i] of logits keeps only the tokens allow_tok[starts[i] : starts[i] +
         widths[i]], the rest becomes -inf (see reference.keep_candidate_logits_reference)."""
-        reference.keep_candidate_logits_reference(logits, rows, starts, widths, allow_tok, width)
+        reference.keep_candidate_logits_reference(logits, *candidates)
 
     # ---- speculative decoding: rejection sampling (layout: formats.py; semantics: reference/rejection.py) ----
 

@@ -7,9 +7,9 @@ import torch
 
 from .base import Backend, Capabilities
 from .reference import apply_token_bitmask_reference
+from .torch_kernels import apply_top_k_top_p_torch
 from .triton.rejection_launch import TritonRejectionMixin
 from .triton.tree_launch import TritonTreeMixin
-from .torch_kernels import apply_top_k_top_p_torch
 
 CUDA_BITMASK_BLOCK = 4096
 CUDA_REJECTION_BLOCK = 4096  # vocabulary tile of the per-request rejection kernels

@@ -18,10 +18,10 @@ import torch
 from .base import Backend, Capabilities
 from .cpu.bitmask_kernels import apply_token_bitmask_cpu
 from .reference import apply_token_bitmask_reference
+from .torch_kernels import apply_top_k_top_p_torch
 from .triton.launch import ascend_grid_and_block, ascend_vocab_tile
 from .triton.rejection_launch import TritonRejectionMixin
 from .triton.tree_launch import TritonTreeMixin
-from .torch_kernels import apply_top_k_top_p_torch
 
 logger = logging.getLogger(__name__)
 

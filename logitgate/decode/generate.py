@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..structured.constraint_state import GrammarConstraint, TreeConstraint, fill_constraint_rows
 from ..sampling.ops import random_sample
 from ..sampling.params import SAMPLING_EPS, SamplingParams
 from ..sampling.rejection import parse_output, rejection_sample
 from ..sampling.sampler import Sampler, SamplingMetadata, make_generator
 from ..sampling.spec_constraint import constrain_spec_logits
 from ..structured.bitmask import apply_token_bitmask_inplace
+from ..structured.constraint_state import GrammarConstraint, TreeConstraint, fill_constraint_rows
 from ..structured.manager import StructuredOutputManager
 from ..structured.tree import TreeDFA
 from ..structured.tree_prompt import warn_prompt_start

@@ -21,8 +21,9 @@ import torch
 
 from ..sampling.rejection import rejection_sample
 from ..sampling.sampler import Sampler, SamplingMetadata
+from ..sampling.tree_step import sample_plan
 from ..structured.tree import TreeDFA
-from ..structured.tree_candidates import SparseRows, host_widths, plan_tree_step, resolve_sparse_max_fraction, sample_plan
+from ..structured.tree_candidates import SparseRows, host_widths, plan_tree_step, resolve_sparse_max_fraction
 
 __all__ = ["tree_spec_step", "use_sparse_verification"]
 
@@ -36,13 +37,13 @@ def _draft_columns(tree: TreeDFA, states: np.ndarray, tokens: Sequence[int], voc
     the tree's (state, token) codes, which are sorted as the CSR rows are."""
     codes = _allow_codes.get(tree)
     if codes is None:
-        host = tree._host
+        host = tree.host
         owner = np.repeat(np.arange(len(host.allow_ptr) - 1, dtype=np.int64), np.diff(host.allow_ptr))
         codes = _allow_codes.setdefault(tree, (owner << 32) | host.allow_tok.astype(np.int64))
     t = np.asarray(tokens, dtype=np.int64)
     query = (states << 32) | np.clip(t, 0, (1 << 32) - 1)
     at = np.minimum(np.searchsorted(codes, query), len(codes) - 1)
-    columns = np.where(codes[at] == query, at - tree._host.allow_ptr[states], width - 1)
+    columns = np.where(codes[at] == query, at - tree.host.allow_ptr[states], width - 1)
     return np.where((t >= 0) & (t < vocab), columns, width).astype(np.int64)
 
 
@@ -79,7 +80,7 @@ def tree_spec_step(
         out = sample_plan(sampler, plan, logits, metadata)
         return [[t] for t in out.sampled_token_ids[:, 0].tolist()]
     host = np.asarray(host_states, dtype=np.int64)
-    ptr, tok = tree._host.allow_ptr, tree._host.allow_tok
+    ptr = tree.host.allow_ptr
     widths = host_widths(tree, host)
     width = int(widths.max()) + 1  # the last column is never allowed: drafts the tree rejects point there
     to_device = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True)  # noqa: E731
@@ -108,6 +109,6 @@ def tree_spec_step(
     positions = torch.arange(out.shape[1], device=device)
     layout_rows = (to_device(offsets[:-1]).unsqueeze(1) + positions).clamp(max=len(host) - 1)
     starts, row_widths = group.starts[layout_rows], group.widths[layout_rows]
-    tokens = tree._allow_tok[starts + torch.minimum(out.clamp(min=0).long(), row_widths - 1)].long()
+    tokens = tree.allow_tok[starts + torch.minimum(out.clamp(min=0).long(), row_widths - 1)].long()
     tokens = torch.where(out >= 0, tokens, -1)
     return [[t for t in row if t >= 0] for row in tokens.tolist()]

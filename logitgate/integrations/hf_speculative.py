@@ -16,8 +16,8 @@ import torch
 
 from ..decode.generate import GenerationStats, Request, generate
 from ..sampling.params import SamplingParams
-from ..structured.params import StructuredOutputsParams
 from ..structured.manager import StructuredOutputManager
+from ..structured.params import StructuredOutputsParams
 from ..structured.tree import TreeDFA
 
 logger = logging.getLogger(__name__)

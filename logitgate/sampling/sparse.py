@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampler import LogprobsTensors, Sampler, SamplerOutput, SamplingMetadata
 from .processors.state import LogitsProcessors
+from .sampler import LogprobsTensors, Sampler, SamplerOutput, SamplingMetadata
 
 __all__ = ["Layout", "sample_layouts", "select_rows"]
 

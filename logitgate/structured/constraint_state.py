@@ -9,52 +9,19 @@ import torch
 from .bitmask import allocate_token_bitmask
 from .manager import StructuredOutputManager
 from .tree import TreeDFA
+from .tree_walk import TreeWalk
 
 
-class TreeConstraint:
-    """A sequence's position in a TreeDFA. `fork()` copies it (beams, n > 1)."""
+class TreeConstraint(TreeWalk):
+    """A sequence's walk through a TreeDFA in a decode loop, with the interface GrammarConstraint
+    shares (valid_prefix, accept, forced_tokens, end_of, is_terminated). `accept` takes tokens the
+    loop already decided (sampled under the tree's mask): TreeWalk.advance. `fork()` copies it
+    (beams, n > 1)."""
 
-    def __init__(self, tree: TreeDFA, state: int | None = None) -> None:
-        self.tree = tree
-        self.state = tree.root if state is None else state
+    __slots__ = ()
 
-    def fork(self) -> TreeConstraint:
-        return TreeConstraint(self.tree, self.state)
-
-    def walk_states(self, drafts: Sequence[int]) -> list[int]:
-        """The state before each draft and after the last one (1 + len(drafts) states)."""
-        states = [self.state]
-        for token in drafts:
-            states.append(self.tree.step(states[-1], token))
-        return states
-
-    def valid_prefix(self, drafts: Sequence[int]) -> int:
-        state = self.state
-        for i, token in enumerate(drafts):
-            if token not in self.tree.allowed(state):
-                return i
-            state = self.tree.step(state, token)
-        return len(drafts)
-
-    def accept(self, tokens: Sequence[int]) -> None:
-        for token in tokens:
-            self.state = self.tree.step(self.state, token)
-
-    def forced_tokens(self, max_len: int) -> list[int]:
-        return self.tree.forced_tokens(self.state, max_len) if max_len > 0 else []
-
-    def end_of(self, tokens: Sequence[int]) -> int | None:
-        """How many of `tokens` lead up to and include the one that finishes the tree (0 when it is
-        already finished), or None when it does not finish within them. No state change."""
-        state = self.state
-        for i, token in enumerate(tokens):
-            if self.tree.is_finished(state):
-                return i
-            state = self.tree.step(state, token)
-        return len(tokens) if self.tree.is_finished(state) else None
-
-    def is_terminated(self) -> bool:
-        return self.tree.is_finished(self.state)
+    def accept(self, tokens: Sequence[int]) -> None:  # type: ignore[override]
+        self.advance(tokens)
 
 
 class GrammarConstraint:

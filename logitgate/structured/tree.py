@@ -22,9 +22,9 @@ import torch
 
 from ..backends import Backend, get_backend
 from ..backends.formats import gather_csr_rows
+from ..tree_limits import TreeLimits, TreeTooLarge, cache_bytes_from_env
 from .compile_cache import LRUCache, content_hash
 from .tree_graph import CODE_SHIFT, CompiledTree, TreeGraph, compile_graph, prefix_dict_graph, sequences_graph
-from ..tree_limits import TreeLimits, TreeTooLarge, cache_bytes_from_env
 from .tree_loaders import (
     INT32_MAX,
     PrefixDictSpec,
@@ -297,6 +297,33 @@ class TreeDFA:
         )
 
     # ------------------------------------------------------------------------------------------
+    # read-only face for the layers that lay out and sample a step (tree_candidates, the decode
+    # step, the vLLM route): the compiled arrays, never to be written
+
+    @property
+    def host(self) -> CompiledTree:
+        """The compiled tree's host (numpy) arrays: CSR of allowed tokens (`allow_ptr`,
+        `allow_tok`), transitions, per-node widths and depths. Shared with the compile cache:
+        read only."""
+        return self._host
+
+    @property
+    def allow_tok(self) -> torch.Tensor:
+        """int32 (total allowed,) on the tree's device: every state's allowed tokens, sorted within
+        a state; state s owns allow_tok[allow_start[s] : allow_start[s] + widths[s]]."""
+        return self._allow_tok
+
+    @property
+    def allow_start(self) -> torch.Tensor:
+        """int64 (num_states,) on the tree's device: where each state's allowed tokens start in allow_tok."""
+        return self._allow_start
+
+    @property
+    def widths(self) -> torch.Tensor:
+        """int32 (num_states,) on the tree's device: allowed tokens per state."""
+        return self._width
+
+    # ------------------------------------------------------------------------------------------
     # scalar API (host arrays; for tests, tools and the jump-forward of a decode loop)
 
     @property
@@ -373,7 +400,10 @@ class TreeDFA:
         """int64 (batch_size,) root states on the tree's device."""
         return torch.full((batch_size,), self.root, dtype=torch.int64, device=self.device)
 
-    def _check_batch(self, states: torch.Tensor, name: str = "states") -> torch.Tensor:
+    def check_states(self, states: torch.Tensor, name: str = "states") -> torch.Tensor:
+        """`states` (returned as given) if it is a 1-D int32/int64 tensor on the tree's device;
+        ValueError otherwise, and, for states on the host (where it is free), for an entry that is
+        not a state of this tree. `name` names the argument in the message."""
         if not isinstance(states, torch.Tensor) or states.dtype not in (torch.int32, torch.int64) or states.dim() != 1:
             raise ValueError(f"{name} must be a 1-D int32/int64 tensor")
         if states.device != self.device:
@@ -394,8 +424,8 @@ class TreeDFA:
         parent's state (`states[parent_rows]`); nothing else is shared. Tokens outside the id range
         lead to the error state. States must come from this tree: checked on CPU (ValueError naming
         the row), not on a device (that would sync; an invalid state there gives undefined rows)."""
-        self._check_batch(states)
-        self._check_batch(tokens, "tokens")
+        self.check_states(states)
+        self.check_states(tokens, "tokens")
         if tokens.shape != states.shape:
             raise ValueError(f"tokens have shape {tuple(tokens.shape)} but states {tuple(states.shape)}")
         s, t = states.long(), tokens.long()
@@ -408,13 +438,13 @@ class TreeDFA:
 
     def finished(self, states: torch.Tensor) -> torch.Tensor:
         """bool (B,): which rows took the end token."""
-        return self._frozen[self._check_batch(states).long()]
+        return self._frozen[self.check_states(states).long()]
 
     def fill_bitmask(self, states: torch.Tensor, bitmask: torch.Tensor) -> None:
         """Write each row's allowed set into `bitmask` (int32 (B, W), xgrammar's format, W at least
         ceil(V/32) for the tree's vocabulary), in place; apply it with
         `logitgate.apply_token_bitmask_inplace`."""
-        self._check_batch(states)
+        self.check_states(states)
         if not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32 or bitmask.dim() != 2:
             raise ValueError("bitmask must be a 2-D int32 tensor")
         if bitmask.shape[0] != states.shape[0]:
@@ -436,7 +466,7 @@ class TreeDFA:
         sorted, padded to the tree's widest state by repeating the row's first token (so
         `logits.gather(1, token_ids)` is always safe; mask with `valid` before sampling). The cost is
         B x max_width, independent of the vocabulary size."""
-        self._check_batch(states)
+        self.check_states(states)
         tok, valid = gather_csr_rows(states.long(), self._allow_start, self._width, self._allow_tok, self.max_width)
         return tok.long(), valid
 

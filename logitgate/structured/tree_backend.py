@@ -1,7 +1,7 @@
 """TreeDFA as a grammar backend: `prefix_dict` (RTP-LLM tree decode) and `token_trie` constraints.
 
-A TreeDFA state is an int node id and the tree is immutable, so a grammar is just its list of
-visited states: validate is a walk without committing, rollback truncates the list. Trees are built
+A TreeDFA state is an int node id and the tree is immutable, so a grammar is a TreeWalk (its list
+of visited states: validate walks without committing, rollback truncates the list). Trees are built
 on the host because the manager's bitmask lives there; a whole batch of rows is one
 `TreeDFA.fill_bitmask` call per tree.
 """
@@ -18,91 +18,35 @@ from ..checks import as_token_id
 from .grammar import BaseGrammarBackend, Grammar
 from .params import load_token_trie_payload
 from .registry import register_grammar_backend
+from .tree_walk import TreeWalk
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["TreeBackend", "TreeGrammar"]
 
 
-class _CompiledTree:
-    """A TreeDFA plus a memo of each state's allowed set (the tree never changes, so it never goes stale)."""
+class TreeGrammar(TreeWalk):
+    """One request's walk through a TreeDFA as a Grammar (grammar.py): a token is accepted when it
+    is one of the current state's allowed tokens (RTP-LLM's candidates, end-token fallback
+    included) and the walk has not finished; the end token finishes it (TreeWalk.accept)."""
 
-    __slots__ = ("tree", "_allowed")
-
-    def __init__(self, tree: Any) -> None:
-        self.tree = tree
-        self._allowed: dict[int, frozenset[int]] = {}
-
-    def allows(self, state: int, token: int) -> bool:
-        allowed = self._allowed.get(state)
-        if allowed is None:
-            allowed = self._allowed[state] = frozenset(self.tree.allowed(state))
-        return token in allowed
-
-
-class TreeGrammar:
-    """One request's walk through a TreeDFA. A token is accepted when it is one of the current
-    state's allowed tokens (RTP-LLM's candidates, end-token fallback included) and the walk has
-    not finished; the end token finishes it."""
-
-    __slots__ = ("compiled", "_states")
-
-    def __init__(self, compiled: _CompiledTree) -> None:
-        self.compiled = compiled
-        self._states: list[int] = [compiled.tree.root]
-
-    @property
-    def state(self) -> int:
-        return self._states[-1]
-
-    def _walk(self, tokens: Sequence[int]) -> list[int]:
-        """The states after each accepted token, stopping at the first rejected one."""
-        tree, state, visited = self.compiled.tree, self._states[-1], []
-        for token in tokens:
-            token = int(token)
-            if tree.is_finished(state) or not self.compiled.allows(state, token):
-                break
-            state = tree.step(state, token)
-            visited.append(state)
-        return visited
+    __slots__ = ()
 
     def accept_tokens(self, tokens: Sequence[int]) -> bool:
-        visited = self._walk(tokens)
-        if len(visited) != len(tokens):
-            return False
-        self._states.extend(visited)
-        return True
+        return self.accept(tokens)
 
     def validate_tokens(self, tokens: Sequence[int]) -> list[int]:
-        return [int(t) for t in tokens[: len(self._walk(tokens))]]
-
-    def rollback(self, num_tokens: int) -> None:
-        if not 0 <= num_tokens < len(self._states):
-            raise ValueError(f"cannot roll back {num_tokens} tokens: only {len(self._states) - 1} were accepted")
-        if num_tokens:
-            del self._states[-num_tokens:]
+        return self.validate(tokens)
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        _fill_rows(self.compiled.tree, [self.state], bitmask, [row])
-
-    def is_terminated(self) -> bool:
-        return bool(self.compiled.tree.is_finished(self.state))
-
-    def reset(self) -> None:
-        del self._states[1:]
+        _fill_rows(self.tree, [self.state], bitmask, [row])
 
     def fresh(self) -> TreeGrammar:
-        return TreeGrammar(self.compiled)
-
-    def fork(self) -> TreeGrammar:
-        """An independent copy at the same state (beams, n > 1)."""
-        twin = TreeGrammar(self.compiled)
-        twin._states = list(self._states)
-        return twin
+        return TreeGrammar(self.tree)
 
     @property
     def num_accepted_tokens(self) -> int:
-        return len(self._states) - 1
+        return self.num_tokens
 
 
 def _fill_rows(tree: Any, states: list[int], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
@@ -147,12 +91,12 @@ class TreeBackend(BaseGrammarBackend):
                 )
             end_token_id = as_token_id(end_token_id, self.vocab_size, " (the token_trie's end_token_id)")
             tree = TreeDFA.from_token_trie(payload, end_token_id=end_token_id, vocab_size=self.vocab_size, device="cpu")
-        return TreeGrammar(_CompiledTree(tree))
+        return TreeGrammar(tree)
 
     def fill_bitmasks(self, grammars: Sequence[Grammar], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
         by_tree: dict[int, tuple[Any, list[int], list[int]]] = {}
         for grammar, row in zip(grammars, rows):
-            tree = grammar.compiled.tree  # type: ignore[attr-defined]
+            tree = grammar.tree  # type: ignore[attr-defined]
             _, states, tree_rows = by_tree.setdefault(id(tree), (tree, [], []))
             states.append(grammar.state)  # type: ignore[attr-defined]
             tree_rows.append(row)

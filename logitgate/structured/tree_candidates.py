@@ -18,8 +18,11 @@ them: one sparse group as wide as the tree's widest state, or dense for every ro
 wider than the crossover. Nothing here synchronises with the device beyond what the caller gives.
 
 The crossover (`DEFAULT_SPARSE_MAX_FRACTION`, environment `LOGITGATE_TREE_SPARSE_MAX_FRACTION`,
-or the `sparse_max_fraction` argument) was measured with scripts/bench_tree.py (README, tree
-decode): on CPU a row is cheaper sparse until it allows about half the vocabulary.
+or the `sparse_max_fraction` argument) was measured with scripts/bench_tree.py (docs/benchmarks.md,
+"Tree decode steps"): on CPU a row is cheaper sparse until it allows about half the vocabulary.
+
+Sampling a plan (its layouts through the Sampler, the greedy and fused shortcuts) is the sampling
+layer's: logitgate.sampling.tree_step (`sample_tree_step`, `sample_plan`, `tree_layouts`, ...).
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import numpy as np
 import torch
 
 from .. import envs
+from ..backends.base import CandidateRows
 from ..backends.formats import num_bitmask_words
 from ..checks import short_repr
 from .tree import TreeDFA
@@ -42,11 +46,6 @@ __all__ = [
     "SparseRows",
     "TreeStepPlan",
     "plan_tree_step",
-    "greedy_plan",
-    "fused_plan",
-    "sample_plan",
-    "sample_tree_step",
-    "tree_layouts",
     "ragged_candidates",
     "resolve_sparse_max_fraction",
 ]
@@ -92,34 +91,32 @@ class SparseRows:
     widths: torch.Tensor  # int64 (n,): allowed tokens per row (<= width)
     width: int
 
+    @property
+    def candidates(self) -> CandidateRows:
+        """These rows as the backend's candidate kernels take them."""
+        return CandidateRows(self.rows, self.starts, self.widths, self.tree.allow_tok, self.width)
+
     def gather(self, logits: torch.Tensor) -> torch.Tensor:
         """float32 (n, width): each row's allowed logits, -inf padding."""
-        return self.tree.backend.gather_candidate_logits(
-            logits, self.rows, self.starts, self.widths, self.tree._allow_tok, self.width
-        )
+        return self.tree.backend.gather_candidate_logits(logits, self.candidates)
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """int64 (n,): each row's greedy token over its allowed logits (the dense argmax of the
         masked row: ties to the smallest token id), with no layout written."""
-        return self.tree.backend.candidate_argmax(
-            logits, self.rows, self.starts, self.widths, self.tree._allow_tok, self.width
-        )
+        return self.tree.backend.candidate_argmax(logits, self.candidates)
 
     def sample(self, logits, temperature, greedy, top_k, top_p, uniform) -> torch.Tensor:
         """int64 (n,): each row's token drawn over its allowed logits (Backend.sample_candidates:
         per-row temperature, greedy flags, top-k, top-p and float64 uniforms, n entries each), with
         no layout written where the backend fuses it."""
-        return self.tree.backend.sample_candidates(
-            logits, self.rows, self.starts, self.widths, self.tree._allow_tok, self.width,
-            temperature, greedy, top_k, top_p, uniform,
-        )
+        return self.tree.backend.sample_candidates(logits, self.candidates, temperature, greedy, top_k, top_p, uniform)
 
     def token_ids(self, columns: torch.Tensor) -> torch.Tensor:
         """int64 token ids of columns (n, k) of this layout. Padding columns (only a row whose
         allowed logits are all -inf, or a top-n past a row's width, reaches them) map to the row's
         last allowed token."""
         columns = torch.minimum(columns.to(torch.int64), (self.widths - 1).unsqueeze(1))
-        return self.tree._allow_tok[self.starts.unsqueeze(1) + columns].to(torch.int64)
+        return self.tree.allow_tok[self.starts.unsqueeze(1) + columns].to(torch.int64)
 
     def all_token_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(token ids int64 (n, width), valid bool (n, width)): the map of every column."""
@@ -174,7 +171,7 @@ class TreeStepPlan:
 
 def host_widths(tree: TreeDFA, host_states: np.ndarray) -> np.ndarray:
     """int64 allowed-token counts of host states (no device access)."""
-    ptr = tree._host.allow_ptr  # (CompiledTree.widths is a diff over every node: not per step)
+    ptr = tree.host.allow_ptr  # (CompiledTree.widths is a diff over every node: not per step)
     return ptr[host_states + 1] - ptr[host_states]
 
 
@@ -249,7 +246,7 @@ def plan_tree_step(
     fraction = resolve_sparse_max_fraction(sparse_max_fraction)
     if tree.max_token_id >= vocab_size:
         raise ValueError(f"the tree uses token id {tree.max_token_id} but the logits have only {vocab_size} columns")
-    states = tree._check_batch(states).long()
+    states = tree.check_states(states).long()
     n = states.shape[0]
     if rows is None:
         row_list = list(range(n))
@@ -267,13 +264,13 @@ def plan_tree_step(
     if exact is False:
         host_states = None
     elif host_states is None and on_host:
-        host = states.numpy()  # checked by _check_batch
+        host = states.numpy()  # checked by check_states
     if host is None and host_states is None:
         # States stay on the device: the tree's widest state bounds every row.
         if n == 0 or tree.max_width > limit:
             return TreeStepPlan(batch, vocab_size, DenseRows(tree, all_rows, row_list, states) if n else None, ())
         group = SparseRows(
-            tree, all_rows, row_list, states, tree._allow_start[states], tree._width[states].long(), tree.max_width
+            tree, all_rows, row_list, states, tree.allow_start[states], tree.widths[states].long(), tree.max_width
         )
         return TreeStepPlan(batch, vocab_size, None, (group,))
     if host is None:
@@ -282,8 +279,8 @@ def plan_tree_step(
             raise ValueError(f"host_states has {len(host)} entries for {n} states")
     if n == 0:
         return TreeStepPlan(batch, vocab_size, None, ())
-    starts = tree._host.allow_ptr[host]  # int64 copies
-    widths = tree._host.allow_ptr[host + 1] - starts
+    starts = tree.host.allow_ptr[host]  # int64 copies
+    widths = tree.host.allow_ptr[host + 1] - starts
     if tree.max_width <= limit and n * tree.max_width <= _GROUP_COST:
         # A narrow tree (catalogs): whatever the states, no row is dense and no split can pay.
         # One group as wide as the tree's widest state (a bounded padding), no reductions.
@@ -322,190 +319,15 @@ def ragged_candidates(tree: TreeDFA, states: torch.Tensor, total: int | None = N
     concatenated (row i owns token_ids[offsets[i] : offsets[i + 1]], sorted), at a cost of their
     number. `total` = sum of the rows' widths; None reads it from the device (free on CPU, a host
     sync elsewhere: pass it when the caller knows it, e.g. from host-side states)."""
-    states = tree._check_batch(states).long()
-    widths = tree._width[states].long()
+    states = tree.check_states(states).long()
+    widths = tree.widths[states].long()
     offsets = torch.zeros(states.shape[0] + 1, dtype=torch.int64, device=states.device)
     torch.cumsum(widths, 0, out=offsets[1:])
     if total is None:
         total = int(offsets[-1])
     row_of = torch.repeat_interleave(torch.arange(states.shape[0], device=states.device), widths, output_size=total)
     position = torch.arange(total, device=states.device) - offsets[row_of]
-    return tree._allow_tok[tree._allow_start[states][row_of] + position].long(), offsets
-
-
-def _check_plan(plan: TreeStepPlan, logits: torch.Tensor) -> None:
-    """The plan fits `logits`: same device as its trees, and every planned row inside the batch
-    (the candidate kernels read logits rows unchecked)."""
-    for part in (plan.dense, *plan.sparse):
-        if part is not None and part.tree.device != logits.device:
-            raise ValueError(f"logits are on {logits.device} but the tree is on {part.tree.device}")
-    if logits.dim() != 2 or plan.batch_size > logits.shape[0]:
-        raise ValueError(
-            f"the plan covers batch rows up to {plan.batch_size - 1} but logits have shape {tuple(logits.shape)}"
-        )
-
-
-def tree_layouts(plan: TreeStepPlan, logits: torch.Tensor) -> list:
-    """The sampling layouts of a plan over `logits` (B, V): dense rows masked in place (and copied
-    out when they are not the whole batch), sparse groups gathered. Returns sampling.sparse.Layout
-    objects for `sample_layouts`."""
-    from ..sampling.sparse import Layout
-
-    _check_plan(plan, logits)
-    everything = list(range(logits.shape[0]))
-    layouts = []
-    if plan.dense is not None:
-        plan.dense.mask(logits)
-        if plan.dense.row_list == everything:
-            layouts.append(Layout(None, logits))
-        else:
-            layouts.append(Layout(plan.dense.row_list, logits.index_select(0, plan.dense.rows.to(logits.device))))
-    for group in plan.sparse:
-        rows = None if group.row_list == everything else group.row_list
-        layouts.append(Layout(rows, group.gather(logits), group.token_ids))
-    return layouts
-
-
-def sample_tree_step(
-    sampler,
-    logits: torch.Tensor,
-    tree: TreeDFA,
-    states: torch.Tensor,
-    metadata,
-    *,
-    host_states: Sequence[int] | np.ndarray | None = None,
-    sparse_max_fraction: float | None = None,
-):
-    """One constrained sampling step: row i of `logits` (B, V) under tree state states[i], sampled
-    with `sampler` (a Sampler) and `metadata` (SamplingMetadata) over the layouts `plan_tree_step`
-    picks. Returns the SamplerOutput (token ids, logprobs), distributed as sampling the masked
-    full rows. Dense rows of `logits` are masked in place."""
-    plan = plan_tree_step(tree, states, logits.shape[-1], host_states=host_states, sparse_max_fraction=sparse_max_fraction)
-    return sample_plan(sampler, plan, logits, metadata)
-
-
-def sample_plan(sampler, plan: TreeStepPlan, logits: torch.Tensor, metadata):
-    """Sample every row of `logits` (B, V) over the layouts of `plan` (sampling.sparse.sample_layouts).
-    An all-greedy batch without logprobs or logits processors takes the sampler's greedy path
-    directly: each sparse group's argmax over its gathered candidates, the dense rows' argmax over
-    their masked rows (the same tokens, without the layouts' per-call overhead). Random rows
-    without logprobs, logits processors or min-p take `fused_plan` where the backend fuses the
-    draw over candidates (CPU), the same draw with the same random numbers."""
-    from ..sampling.sampler import SamplerOutput
-    from ..sampling.sparse import sample_layouts
-
-    greedy_only = metadata.all_greedy and metadata.max_num_logprobs is None and not len(metadata.logitsprocs)
-    if greedy_only:
-        return SamplerOutput(greedy_plan(sampler, plan, logits).to(torch.int32).unsqueeze(1), None)
-    if plan.sparse and _fused_draws(sampler, plan, logits, metadata):
-        return SamplerOutput(fused_plan(sampler, plan, logits, metadata).to(torch.int32).unsqueeze(1), None)
-    return sample_layouts(sampler, tree_layouts(plan, logits), metadata, logits.shape[0])
-
-
-def _fused_draws(sampler, plan: TreeStepPlan, logits: torch.Tensor, metadata) -> bool:
-    """Whether the sparse groups can be drawn with Backend.sample_candidates: the backend fuses it,
-    draws with one uniform per row (the noise the sampler's random_sample consumes there), and the
-    step asks for nothing the fused draw leaves out (logprobs, logits processors, min-p: those take
-    the layouts and the Sampler)."""
-    from ..backends import backend_for_tensor
-    from ..backends.base import NOISE_UNIFORM
-
-    backend = backend_for_tensor(logits, sampler.backend)
-    tree_backend = plan.sparse[0].tree.backend
-    return (
-        backend.fused_candidate_sampling and tree_backend.fused_candidate_sampling
-        and backend.sampling_noise_kind == NOISE_UNIFORM and tree_backend.sampling_noise_kind == NOISE_UNIFORM
-        and metadata.max_num_logprobs is None and not len(metadata.logitsprocs) and metadata.min_p is None
-    )
-
-
-def fused_plan(sampler, plan: TreeStepPlan, logits: torch.Tensor, metadata) -> torch.Tensor:
-    """int64 (B,): every row of `logits` (B, V) sampled under `plan` as sample_layouts would (the
-    same distribution, and the same random numbers: each layout's rows draw their uniforms from
-    their own generators, or the default one, in layout order, dense rows first), with each sparse
-    group drawn by Backend.sample_candidates instead of gathered and run through the Sampler's ops.
-    Dense rows (masked in place) take the Sampler."""
-    from ..backends import backend_for_tensor
-    from ..backends.sampling_rules import draw_uniforms
-    from ..sampling.ops import check_logits, check_top_p_values
-    from ..sampling.params import SAMPLING_EPS
-    from ..sampling.sparse import select_rows
-
-    check_logits(logits)
-    _check_plan(plan, logits)
-    batch = logits.shape[0]
-    temperature = metadata.temperature
-    if temperature is None or temperature.shape != (batch,):
-        raise ValueError(f"metadata.temperature must have shape ({batch},) for a batch with random rows")
-    everything = list(range(batch))
-    parts = ([plan.dense] if plan.dense is not None else []) + list(plan.sparse)
-    if sum(len(part.row_list) for part in parts) != batch:
-        raise ValueError(f"the plan holds {sum(len(p.row_list) for p in parts)} rows for a batch of {batch}")
-    check_top_p_values(metadata.top_p, "top_p")
-    tokens = torch.empty(batch, dtype=torch.int64, device=logits.device)
-    if plan.dense is not None:
-        (layout,) = tree_layouts(TreeStepPlan(plan.batch_size, plan.vocab_size, plan.dense, ()), logits)
-        rows = plan.dense.row_list
-        dense_meta = metadata if layout.rows is None else select_rows(metadata, rows, logits.device)
-        picked = sampler(layout.logits, dense_meta).sampled_token_ids.squeeze(1).to(torch.int64)
-        if layout.rows is None:
-            return picked
-        tokens.index_copy_(0, plan.dense.rows.to(logits.device), picked)
-    greedy = None if metadata.all_random else temperature < SAMPLING_EPS
-    for group in plan.sparse:
-        if group.row_list == everything:
-            # One layout holds the batch: the sampler would draw it with the metadata as given,
-            # prefetched uniforms included.
-            uniform = _take_uniform_noise(metadata.noise, logits, backend_for_tensor(logits, sampler.backend))
-            if uniform is None:
-                uniform = draw_uniforms(batch, metadata.generators, logits.device)
-            return group.sample(logits, temperature, greedy, metadata.top_k, metadata.top_p, uniform)
-        # The group's rows as sample_layouts hands them to the Sampler: their per-row values and
-        # their generators at their positions in the group.
-        part = select_rows(metadata, group.row_list, logits.device)
-        uniform = draw_uniforms(len(group.row_list), part.generators, logits.device)
-        part_greedy = None if greedy is None else part.temperature < SAMPLING_EPS
-        drawn = group.sample(logits, part.temperature, part_greedy, part.top_k, part.top_p, uniform)
-        tokens.index_copy_(0, group.rows.to(logits.device), drawn)
-    return tokens
-
-
-def _take_uniform_noise(noise, logits: torch.Tensor, backend) -> torch.Tensor | None:
-    """The prefetched uniforms of a whole-batch draw (checked as random_sample checks them, then
-    marked used), or None when none were drawn. `backend` draws with uniform noise (_fused_draws)."""
-    from ..sampling.ops import check_noise
-
-    if noise is None:
-        return None
-    check_noise(noise, logits, backend)
-    noise.consumed = True
-    return noise.values
-
-
-def greedy_plan(sampler, plan: TreeStepPlan, logits: torch.Tensor) -> torch.Tensor:
-    """int64 (B,): the greedy token of every row of `logits` under `plan` (dense rows are masked
-    in place), as `sampler` picks it from the masked full rows."""
-    from ..backends import backend_for_tensor
-    from ..sampling.ops import check_logits
-
-    check_logits(logits)
-    _check_plan(plan, logits)
-    batch = logits.shape[0]
-    everything = list(range(batch))
-    parts = ([plan.dense] if plan.dense is not None else []) + list(plan.sparse)
-    if sum(len(part.row_list) for part in parts) != batch:
-        raise ValueError(f"the plan holds {sum(len(p.row_list) for p in parts)} rows for a batch of {batch}")
-    if len(parts) == 1 and parts[0].row_list == everything and plan.dense is None:
-        return parts[0].argmax(logits)
-    tokens = torch.empty(batch, dtype=torch.int64, device=logits.device)
-    if plan.dense is not None:
-        plan.dense.mask(logits)
-        rows = plan.dense.rows.to(logits.device)
-        picked = logits if plan.dense.row_list == everything else logits.index_select(0, rows)
-        tokens.index_copy_(0, rows, backend_for_tensor(logits, sampler.backend).argmax(picked.to(torch.float32)))
-    for group in plan.sparse:
-        tokens.index_copy_(0, group.rows.to(logits.device), group.argmax(logits))
-    return tokens
+    return tree.allow_tok[tree.allow_start[states][row_of] + position].long(), offsets
 
 
 def keep_only_allowed(
@@ -517,7 +339,7 @@ def keep_only_allowed(
     the allowed logits back, with no bitmask built (on CPU 0.98-2.1x the speed of fill_bitmask +
     apply, ~1.1x at large V where both write the whole row; scripts/bench_tree.py). `max_width` bounds the rows' widths (default the tree's
     widest state); rows must be distinct; no host sync. Returns logits."""
-    states = tree._check_batch(states).long()
+    states = tree.check_states(states).long()
     if logits.device != tree.device:
         raise ValueError(f"logits are on {logits.device} but the tree is on {tree.device}")
     if tree.max_token_id >= logits.shape[-1]:
@@ -532,8 +354,8 @@ def keep_only_allowed(
         # Free on the host (the kernel indexes logits unchecked); on a device it would be a sync.
         bad = int(rows[(rows < 0) | (rows >= logits.shape[0])][0])
         raise ValueError(f"rows holds {bad}, outside the {logits.shape[0]} rows of logits")
-    tree.backend.keep_candidate_logits(
-        logits, rows, tree._allow_start[states], tree._width[states].long(), tree._allow_tok,
+    tree.backend.keep_candidate_logits(logits, CandidateRows(
+        rows, tree.allow_start[states], tree.widths[states].long(), tree.allow_tok,
         tree.max_width if max_width is None else max_width,
-    )
+    ))
     return logits

@@ -5,6 +5,7 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from logitgate.backends.base import CandidateRows
 from logitgate.backends.reference import (
     candidate_argmax_reference,
     gather_candidate_logits_reference,
@@ -42,7 +43,7 @@ def test_gather_candidate_logits_matches_reference(case, dtype, backend):
     starts, widths, allow_tok = _tables(lists, states)
     width = (int(widths.max()) if len(rows) else 0) + extra
     rows_t = torch.tensor(rows, dtype=torch.int64)
-    got = backend.gather_candidate_logits(logits, rows_t, starts, widths, allow_tok, width)
+    got = backend.gather_candidate_logits(logits, CandidateRows(rows_t, starts, widths, allow_tok, width))
     want = gather_candidate_logits_reference(logits, rows_t, starts, widths, allow_tok, width)
     assert got.dtype == torch.float32 and got.shape == (len(rows), width)
     assert torch.equal(got, want)
@@ -69,7 +70,7 @@ def test_candidate_argmax_is_the_dense_argmax_of_the_masked_row(case, dtype, spe
     starts, widths, allow_tok = _tables(lists, states)
     width = (int(widths.max()) if len(rows) else 0) + extra
     rows_t = torch.tensor(rows, dtype=torch.int64)
-    got = backend.candidate_argmax(logits, rows_t, starts, widths, allow_tok, width)
+    got = backend.candidate_argmax(logits, CandidateRows(rows_t, starts, widths, allow_tok, width))
     want = candidate_argmax_reference(logits, rows_t, starts, widths, allow_tok, width)
     assert got.dtype == torch.int64 and torch.equal(got, want)
     for i, (r, s) in enumerate(zip(rows, states)):  # the contract: argmax of the masked full row
@@ -86,7 +87,7 @@ def test_keep_candidate_logits_matches_reference(case, dtype, backend):
     width = (int(widths.max()) if len(rows) else 0) + extra
     rows_t = torch.tensor(rows, dtype=torch.int64)
     got, want = logits.clone(), logits.clone()
-    backend.keep_candidate_logits(got, rows_t, starts, widths, allow_tok, width)
+    backend.keep_candidate_logits(got, CandidateRows(rows_t, starts, widths, allow_tok, width))
     keep_candidate_logits_reference(want, rows_t, starts, widths, allow_tok, width)
     assert torch.equal(got, want)
     for r in range(batch):
@@ -188,7 +189,8 @@ def test_sample_candidates_matches_reference(case, dtype, filters, mix, specials
     values = gather_candidate_logits_reference(logits, rows_t, starts, widths, allow_tok, width)
     assume(_cdf_margin(values, top_k, top_p, temperature, greedy, uniform) > 1e-5)
     args = (rows_t, starts, widths, allow_tok, width, temperature, greedy, top_k, top_p, uniform)
-    got = backend.sample_candidates(logits.to(backend.device), *(a.to(backend.device) if isinstance(a, torch.Tensor) else a for a in args))
+    on_device = [a.to(backend.device) if isinstance(a, torch.Tensor) else a for a in args]
+    got = backend.sample_candidates(logits.to(backend.device), CandidateRows(*on_device[:5]), *on_device[5:])
     want = sample_candidates_reference(logits, *args)
     assert got.dtype == torch.int64 and got.shape == (n,)
     assert torch.equal(got.cpu(), want)

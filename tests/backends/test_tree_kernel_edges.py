@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from logitgate import TreeDFA
+from logitgate.backends.base import CandidateRows
 from logitgate.backends.reference import (
     fill_tree_bitmask_reference,
     gather_candidate_logits_reference,
@@ -46,7 +47,7 @@ def padded_tables(draw):
 def _args(lists, starts, flat, rows, picks, extra):
     widths = torch.tensor([len(lists[p]) for p in picks], dtype=torch.int64)
     width = (int(widths.max()) if len(picks) else 0) + extra
-    return (
+    return CandidateRows(
         torch.tensor(rows, dtype=torch.int64),
         torch.tensor([starts[p] for p in picks], dtype=torch.int64),
         widths,
@@ -61,7 +62,7 @@ def test_gather_reads_only_the_candidates(case, dtype, strided, backend):
     base = torch.randn(batch, vocab + 5, generator=torch.Generator().manual_seed(seed)).to(dtype)
     logits = base[:, 2 : vocab + 2] if strided else base[:, :vocab].contiguous()
     args = _args(lists, starts, flat, rows, picks, extra)
-    got = backend.gather_candidate_logits(logits, *args)
+    got = backend.gather_candidate_logits(logits, args)
     assert torch.equal(got, gather_candidate_logits_reference(logits, *args))
     for i, (r, p) in enumerate(zip(rows, picks)):
         assert got[i, : len(lists[p])].tolist() == logits[r, lists[p]].float().tolist()
@@ -77,7 +78,7 @@ def test_keep_reads_only_the_candidates(case, dtype, strided, backend):
     want = logits.clone()
     keep_candidate_logits_reference(want, *args)
     got = logits.clone() if not strided else base.clone()[:, :vocab]
-    backend.keep_candidate_logits(got, *args)
+    backend.keep_candidate_logits(got, args)
     assert torch.equal(got, want)
     for r in range(batch):
         expected = logits[r].clone()
@@ -98,9 +99,9 @@ def test_wide_rows_cross_tiles(width, backend):
     rows, picks = [2, 0, 1], [0, 1, 2]
     logits = torch.randn(3, vocab, generator=g)
     args = _args(lists, starts, flat, rows, picks, 0)
-    assert torch.equal(backend.gather_candidate_logits(logits, *args), gather_candidate_logits_reference(logits, *args))
+    assert torch.equal(backend.gather_candidate_logits(logits, args), gather_candidate_logits_reference(logits, *args))
     got, want = logits.clone(), logits.clone()
-    backend.keep_candidate_logits(got, *args)
+    backend.keep_candidate_logits(got, args)
     keep_candidate_logits_reference(want, *args)
     assert torch.equal(got, want)
     assert torch.isinf(got[1]).all() and torch.equal(got[0, lists[1]], logits[0, lists[1]])

@@ -10,8 +10,9 @@ import torch
 
 from logitgate import TreeDFA
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams
+from logitgate.sampling.tree_step import greedy_plan, sample_plan, tree_layouts
 from logitgate.structured import tree as tree_module
-from logitgate.structured.tree_candidates import greedy_plan, plan_tree_step, sample_plan, tree_layouts
+from logitgate.structured.tree_candidates import plan_tree_step
 from logitgate.tree_limits import (
     DEFAULT_CACHE_BYTES,
     ENV_CACHE_BYTES,
@@ -111,7 +112,7 @@ def test_tree_nbytes_counts_every_buffer_once():
     tree = wide_tree(0, cache=False)
     stats = tree.stats()
     assert stats["dense_rows"] == 1
-    host = tree._host
+    host = tree.host
     host_bytes = sum(a.nbytes for a in (host.trans_code, host.trans_dst, host.allow_ptr, host.allow_tok,
                                         host.frozen, host.depth, host.dense_nodes))
     # On CPU the int64 tensors share the host arrays; the int32 copies and the dense rows do not.

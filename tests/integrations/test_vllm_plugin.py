@@ -119,6 +119,32 @@ def test_names_resolve_in_the_operators_directory(monkeypatch, tmp_path):
         resolve_tree_args({"tree_decode": "missing"})
 
 
+def test_a_request_object_is_resolved_once(monkeypatch, tmp_path):
+    """The front end's resolve is kept on the params: the engine, given the same object in the same
+    process, does not look the names up again; new extra_args or a changed tree directory resolve anew."""
+    from logitgate.integrations.vllm import tree_args
+
+    (tmp_path / "catalog.json").write_text(json.dumps(CONFIG))
+    monkeypatch.setenv(TREE_DIR_ENV, str(tmp_path))
+    monkeypatch.delenv(GLOBAL_TREE_ENV, raising=False)
+    calls = []
+    real = tree_args.resolve_tree_args
+    monkeypatch.setattr(tree_args, "resolve_tree_args", lambda args: calls.append(args) or real(args))
+    params = Params({"tree_decode": "catalog"})
+    first = tree_request_for(params)
+    assert tree_request_for(params) is first and len(calls) == 1
+    assert tree_request_for(Params({"tree_decode": "catalog"})) == first and len(calls) == 2  # another request
+    params.extra_args = {"tree_decode": json.dumps(CONFIG)}
+    assert tree_request_for(params).source == json.dumps(CONFIG) and len(calls) == 3
+    monkeypatch.setenv(TREE_DIR_ENV, str(tmp_path / "elsewhere"))
+    tree_request_for(params)
+    assert len(calls) == 4
+    bad = Params({"tree_decode": "missing"})
+    for _ in range(2):  # errors are not kept: each call names the problem
+        with pytest.raises(ValueError, match="no tree"):
+            tree_request_for(bad)
+
+
 def test_the_global_tree_applies_to_requests_without_their_own(monkeypatch, tmp_path):
     path = tmp_path / "global.json"
     path.write_text(json.dumps(CONFIG))

@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 
 import logitgate
 from logitgate import TreeDFA
+from logitgate.backends.base import CandidateRows
 from logitgate.backends.reference import apply_top_k_top_p_reference
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, make_generator
 from logitgate.sampling.sparse import Layout, sample_layouts
-from logitgate.structured.tree_candidates import sample_tree_step
+from logitgate.sampling.tree_step import sample_tree_step
 from tests.helpers.sampling_helpers import interpreted_triton
 
 VOCAB = 200
@@ -184,7 +185,8 @@ def test_sample_candidates_draws_the_masked_softmax(backend, assert_distribution
     allow_tok = torch.tensor(allowed, dtype=torch.int32)
     temperature, top_k, top_p = torch.full((n,), 0.8), torch.full((n,), 300), torch.full((n,), 0.9)
     uniform = torch.rand(n, dtype=torch.float64, generator=g)
-    got = backend.sample_candidates(logits, rows, starts, widths, allow_tok, len(allowed), temperature, None, top_k, top_p, uniform)
+    candidates = CandidateRows(rows, starts, widths, allow_tok, len(allowed))
+    got = backend.sample_candidates(logits, candidates, temperature, None, top_k, top_p, uniform)
     masked = torch.full((1, vocab), float("-inf"))
     masked[0, allowed] = logits[0, allowed] / 0.8
     expected = apply_top_k_top_p_reference(masked, top_k[:1], top_p[:1]).softmax(-1)[0]
@@ -193,11 +195,12 @@ def test_sample_candidates_draws_the_masked_softmax(backend, assert_distribution
 
 @pytest.mark.parametrize("f", FILTERS[:4], ids=[str(f) for f in FILTERS[:4]])
 def test_fused_draws_use_the_samplers_random_numbers(f):
-    """On CPU random rows over candidates take Backend.sample_candidates (structured/tree_candidates.py:
+    """On CPU random rows over candidates take Backend.sample_candidates (sampling/tree_step.py:
     fused_plan): for the same seeds it draws the tokens the layouts + Sampler draw (the same
     uniforms, per-request generators and the default one, in the same order), with dense rows in
     the batch too; where a draw lands within rounding of a cumulative sum the two may differ."""
-    from logitgate.structured.tree_candidates import fused_plan, plan_tree_step, tree_layouts
+    from logitgate.sampling.tree_step import fused_plan, tree_layouts
+    from logitgate.structured.tree_candidates import plan_tree_step
 
     g = torch.Generator().manual_seed(9)
     seqs = [[int(t) for t in torch.randint(1, VOCAB, (3,), generator=g)] for _ in range(150)]

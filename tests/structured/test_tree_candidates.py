@@ -119,3 +119,20 @@ def test_keep_only_allowed_checks_its_inputs():
         keep_only_allowed(tree, torch.zeros(1, VOCAB), torch.tensor([0, 0]))
     with pytest.raises(ValueError, match="token id 6 but the logits have only 4 columns"):
         keep_only_allowed(tree, torch.zeros(1, 4), torch.tensor([0]))
+
+
+def test_the_public_face_of_a_tree_is_its_allowed_sets():
+    """What other layers read of a TreeDFA (host, allow_tok, allow_start, widths, check_states)
+    describes the tree's allowed sets: state s allows allow_tok[allow_start[s] : + widths[s]]."""
+    tree = TreeDFA.from_sequences([[5, 6], [5, 7], [9]], end_token_id=0, vocab_size=VOCAB, cache=False)
+    for state in range(tree.num_states):
+        start, width = int(tree.allow_start[state]), int(tree.widths[state])
+        assert tree.allow_tok[start : start + width].tolist() == tree.allowed(state)
+        ptr = tree.host.allow_ptr
+        assert tree.host.allow_tok[ptr[state] : ptr[state + 1]].tolist() == tree.allowed(state)
+    states = torch.tensor([tree.root, tree.walk([5])])
+    assert tree.check_states(states) is states
+    with pytest.raises(ValueError, match=r"states\[1\] = 99 is not a state"):
+        tree.check_states(torch.tensor([0, 99]))
+    with pytest.raises(ValueError, match="tokens must be a 1-D"):
+        tree.check_states(torch.zeros(2, 2, dtype=torch.int64), "tokens")

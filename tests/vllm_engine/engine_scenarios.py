@@ -204,9 +204,8 @@ def run(scenario: str) -> dict:
         result["counters"] = spec_counters(llm)
         result["tree_drafts"] = dict(drafts)
         if drafter == "mtp":  # the random MiMo target's greedy tree decode without drafts, in transformers
-            from mtp_target import tree_greedy_reference
-
             from logitgate import TreeDFA
+            from mtp_target import tree_greedy_reference
 
             result["reference_greedy"] = tree_greedy_reference(
                 model, TreeDFA.from_prefix_dict(str(TREE_PATH)), [p["prompt_token_ids"] for p in prompts], MAX_TOKENS)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from ops_helpers import needs_vllm_cpu
 from server_helpers import free_port, stop, wait_healthy
 from test_vllm_engine import is_complete_path

@@ -271,8 +271,9 @@ def tree_manager():
     tree_route.install()
 
     def build(device="cpu", world_size=1, num_spec=0, temperatures=(0.0, 0.0, 0.7)):
-        from logitgate.integrations.vllm.sample_first import grammar_bitmask_replacement
         from vllm.v1.structured_output import StructuredOutputManager
+
+        from logitgate.integrations.vllm.sample_first import grammar_bitmask_replacement
 
         manager = manager_for(num_spec)
         manager.vllm_config.device_config = SimpleNamespace(device_type=device)
@@ -437,9 +438,8 @@ def test_a_worker_checks_rows_with_its_mirrors_advanced_by_the_shipped_tokens():
 
 
 def test_a_row_left_for_mirrors_never_reaches_a_worker_without_them():
-    from test_tree_route import V
-
     from logitgate.integrations.vllm import sample_first
+    from test_tree_route import V
 
     runner = make_runner(torch.zeros(1, V), [0.0])  # no vllm_config: this runner cannot mirror
     assert not hasattr(runner.sample_tokens(mirrored_output({}, (V + 31) // 32)), sample_first.WORKER_MIRRORS)

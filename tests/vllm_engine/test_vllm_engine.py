@@ -161,9 +161,8 @@ def test_tree_requests_are_constrained_and_free_ones_are_not(plain, demo):
 def test_unseeded_sampled_tree_paths_follow_the_tree_masked_distribution(plain, demo):
     # Without speculative decoding these rows go through the plugin's sample_first (sample, then
     # check, redraw a rejected row under its tree); the paths must follow the exact distribution.
-    from logitgate.models.demo import demo_prompt
-
     from engine_scenarios import DISTRIBUTION_HINT, DISTRIBUTION_SAMPLES
+    from logitgate.models.demo import demo_prompt
 
     tree, _, _ = demo
     (samples,) = plain["distribution_samples"]
@@ -172,9 +171,8 @@ def test_unseeded_sampled_tree_paths_follow_the_tree_masked_distribution(plain, 
 
 
 def test_token_trie_requests(plain, speculative):
-    from logitgate.models.demo import demo_tokenizer
-
     from engine_scenarios import TRIE_NAMES
+    from logitgate.models.demo import demo_tokenizer
 
     tok = demo_tokenizer()
     leaves = {tuple(tok.encode(name)) + (tok.eos_token_id,) for name in TRIE_NAMES}
@@ -218,9 +216,8 @@ def test_model_drafters_keep_the_tree_and_the_greedy_outputs(drafted, plain, dem
         passes = greedy["generation_tokens"] - greedy["spec_decode_num_accepted_tokens"]
         assert passes < 0.7 * greedy["generation_tokens"], greedy
         # Sampled outputs follow the tree-masked target distribution exactly, drafts or not.
-        from logitgate.models.demo import demo_prompt
-
         from engine_scenarios import DISTRIBUTION_HINT, DISTRIBUTION_SAMPLES
+        from logitgate.models.demo import demo_prompt
 
         (samples,) = run["distribution_samples"]
         assert len(samples) == DISTRIBUTION_SAMPLES

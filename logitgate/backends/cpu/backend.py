@@ -6,12 +6,12 @@ import functools
 
 import torch
 
-from . import rejection_kernels
 from ..base import NOISE_UNIFORM, Backend, Capabilities, SamplingNoise
-from .bitmask_kernels import apply_token_bitmask_cpu
-from .sampling_kernels import apply_top_k_cpu, apply_top_p_cpu, argmax_cpu, inverse_cdf_sample_cpu
 from ..reference import gather_candidate_logits_reference, keep_candidate_logits_reference
 from ..sampling_rules import draw_uniforms, fallback_tokens
+from . import rejection_kernels
+from .bitmask_kernels import apply_token_bitmask_cpu
+from .sampling_kernels import apply_top_k_cpu, apply_top_p_cpu, argmax_cpu, inverse_cdf_sample_cpu
 from .threads import numba_thread_cap, thread_cap
 
 
@@ -60,39 +60,39 @@ class CpuBackend(Backend):
         apply_token_bitmask_cpu(logits, bitmask, rows, vocab_size)
 
     @_capped
-    def gather_candidate_logits(self, logits, rows, starts, widths, allow_tok, width) -> torch.Tensor:
+    def gather_candidate_logits(self, logits, candidates) -> torch.Tensor:
         if logits.dtype != torch.float32:  # numba has no bfloat16
-            return gather_candidate_logits_reference(logits, rows, starts, widths, allow_tok, width)
+            return gather_candidate_logits_reference(logits, *candidates)
         from .tree_kernels import gather_candidate_logits_cpu
 
-        return gather_candidate_logits_cpu(logits, rows, starts, widths, allow_tok, width)
+        return gather_candidate_logits_cpu(logits, *candidates)
 
     # Not @_capped: small batches run a serial kernel, and setting numba's thread count twice per
     # call cost more than a narrow tree's kernel; the parallel kernels cap themselves.
-    def candidate_argmax(self, logits, rows, starts, widths, allow_tok, width) -> torch.Tensor:
+    def candidate_argmax(self, logits, candidates) -> torch.Tensor:
         if logits.dtype != torch.float32 or logits.stride(-1) != 1:
-            return super().candidate_argmax(logits, rows, starts, widths, allow_tok, width)
+            return super().candidate_argmax(logits, candidates)
         from .tree_kernels import candidate_argmax_cpu
 
-        return candidate_argmax_cpu(logits, rows, starts, widths, allow_tok, width)
+        return candidate_argmax_cpu(logits, *candidates)
 
     fused_candidate_sampling = True
 
-    def sample_candidates(self, logits, rows, starts, widths, allow_tok, width, temperature, greedy, top_k, top_p, uniform):  # capped inside, as candidate_argmax
+    def sample_candidates(self, logits, candidates, temperature, greedy, top_k, top_p, uniform):  # capped inside, as candidate_argmax
         if logits.dtype != torch.float32 or logits.stride(-1) != 1:
-            return super().sample_candidates(logits, rows, starts, widths, allow_tok, width, temperature, greedy, top_k, top_p, uniform)
+            return super().sample_candidates(logits, candidates, temperature, greedy, top_k, top_p, uniform)
         from .tree_kernels import sample_candidates_cpu
 
-        return sample_candidates_cpu(logits, rows, starts, widths, allow_tok, width, temperature, greedy, top_k, top_p, uniform)
+        return sample_candidates_cpu(logits, *candidates, temperature, greedy, top_k, top_p, uniform)
 
     @_capped
-    def keep_candidate_logits(self, logits, rows, starts, widths, allow_tok, width) -> None:
+    def keep_candidate_logits(self, logits, candidates) -> None:
         if logits.dtype != torch.float32:
-            keep_candidate_logits_reference(logits, rows, starts, widths, allow_tok, width)
+            keep_candidate_logits_reference(logits, *candidates)
             return
         from .tree_kernels import keep_candidate_logits_cpu
 
-        keep_candidate_logits_cpu(logits, rows, starts, widths, allow_tok, width)
+        keep_candidate_logits_cpu(logits, *candidates)
 
     @_capped
     def rejection_greedy_accept(self, cu_num_draft_tokens, draft_token_ids, target_logits, active):

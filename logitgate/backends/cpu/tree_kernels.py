@@ -10,7 +10,6 @@ import numba
 import numpy as np
 import torch
 
-from .threads import numba_thread_cap, thread_cap
 from .sampling_kernels import (
     _NUM_BUCKETS,
     _block_sum,
@@ -21,6 +20,7 @@ from .sampling_kernels import (
     _top_k_row,
     _top_p_row,
 )
+from .threads import numba_thread_cap, thread_cap
 
 # Below this many gathered values a serial loop beats the parallel launch.
 _SERIAL_MAX_VALUES = 1 << 15

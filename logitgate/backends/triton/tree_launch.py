@@ -30,24 +30,22 @@ class TritonTreeMixin:
             "fill_tree_bitmask": "triton (dense rows copied, sparse tokens added with atomics)",
         }
 
-    def gather_candidate_logits(self, logits, rows, starts, widths, allow_tok, width):
+    def gather_candidate_logits(self, logits, candidates):
         if not self._tree_uses_triton():
-            return super().gather_candidate_logits(logits, rows, starts, widths, allow_tok, width)
+            return super().gather_candidate_logits(logits, candidates)
         from .tree import CANDIDATE_BYTES_PER_TOKEN, gather_candidate_logits_triton
 
-        return gather_candidate_logits_triton(
-            logits, rows, starts, widths, allow_tok, width, **self._tree_launch(CANDIDATE_BYTES_PER_TOKEN)
-        )
+        return gather_candidate_logits_triton(logits, *candidates, **self._tree_launch(CANDIDATE_BYTES_PER_TOKEN))
 
-    def keep_candidate_logits(self, logits, rows, starts, widths, allow_tok, width):
+    def keep_candidate_logits(self, logits, candidates):
         if not self._tree_uses_triton() or logits.dtype not in _BIT_VIEW_DTYPES:
-            super().keep_candidate_logits(logits, rows, starts, widths, allow_tok, width)
+            super().keep_candidate_logits(logits, candidates)
             return
         from .tree import CANDIDATE_BYTES_PER_TOKEN, FILL_ROW_BYTES_PER_TOKEN, keep_candidate_logits_triton
 
         launch = self._tree_launch(CANDIDATE_BYTES_PER_TOKEN)
         fill_block = self._tree_launch(FILL_ROW_BYTES_PER_TOKEN)["block"]
-        keep_candidate_logits_triton(logits, rows, starts, widths, allow_tok, width, fill_block=fill_block, **launch)
+        keep_candidate_logits_triton(logits, *candidates, fill_block=fill_block, **launch)
 
     def fill_tree_bitmask(self, bitmask, states, allow_start, allow_tok, fill_width, max_width, dense_rows, dense_slot):
         if not self._tree_uses_triton():

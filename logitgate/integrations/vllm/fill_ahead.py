@@ -5,8 +5,8 @@ grammars' fills, xgrammar's matcher work), then `sample_tokens`. On a GPU the fo
 while the host fills. On vLLM-CPU the executor runs the forward pass before `execute_model`
 returns, so the fill waits for it, and its StructuredOutputManager fills one request after another
 unless the batch exceeds 128 requests. With JSON schemas that bound string lengths xgrammar spends
-5-40 ms on one fill (128k vocabulary), and the fill became the largest part of a step (README,
-"logitgate in vLLM: measured").
+5-40 ms on one fill (128k vocabulary), and the fill became the largest part of a step (docs/benchmarks.md,
+"vLLM in a real engine (CPU)").
 
 On engines whose device is the CPU this module:
 

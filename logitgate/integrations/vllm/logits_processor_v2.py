@@ -25,11 +25,10 @@ from typing import Any
 import torch
 
 from ...sampling.processors.tree import Tree
-from ...structured.constraint_state import TreeConstraint
+from ...structured.tree_walk import TreeWalk
 from . import tree_route
-from .logits_processor import TreeDecodeLogitsProcessor
+from .logits_processor import TreeDecodeLogitsProcessor, admit_tree_args
 from .logits_processor import _Base as _V1Base
-from .logits_processor import admit_tree_args
 from .tree_args import tree_request_for
 
 logger = logging.getLogger(__name__)
@@ -47,16 +46,6 @@ except ImportError as exc:  # vLLM without Model Runner V2's interface: the clas
 __all__ = ["VLLM_V2_AVAILABLE", "TreeDecode", "TreeDecodeLogitsProcessorV2"]
 
 
-class _Slot:
-    """One request slot: its tree walk over the first `consumed` committed output tokens."""
-
-    __slots__ = ("consumed", "walk")
-
-    def __init__(self, tree: Any) -> None:
-        self.walk = TreeConstraint(tree)
-        self.consumed = 0
-
-
 class TreeDecodeLogitsProcessorV2(_V2Base):
     """Model Runner V2's constructor: `(vllm_config, req_states: LogitsProcRequestState)`; the
     vocabulary size and device come from `req_states`."""
@@ -65,7 +54,7 @@ class TreeDecodeLogitsProcessorV2(_V2Base):
         self.req_states = req_states
         self.vocab_size = int(req_states.vocab_size)
         self.masker = Tree(self.vocab_size, req_states.device)  # trees' device and the batched mask
-        self._slots: dict[int, _Slot] = {}
+        self._slots: dict[int, TreeWalk] = {}  # each slot's walk over its committed output tokens
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
@@ -79,26 +68,16 @@ class TreeDecodeLogitsProcessorV2(_V2Base):
         if request is None:
             return False
         tree = request.compile(self.vocab_size, self.masker.device, getattr(sampling_params, "eos_token_id", None))
-        self._slots[req_idx] = _Slot(tree)
+        self._slots[req_idx] = TreeWalk(tree)
         return True
 
-    def _committed(self, slot: int, start: int, end: int) -> TreeConstraint:
-        """The slot's walk after its committed output tokens at positions [start, end)."""
-        state = self._slots[slot]
-        done = end - start
-        if done < state.consumed:  # the request was preempted or rolled back: replay
-            state.walk, state.consumed = TreeConstraint(state.walk.tree), 0
-        if done > state.consumed:
-            tokens = self.req_states.all_token_ids.gpu[slot, start + state.consumed : end].tolist()
-            state.walk.accept(tokens)
-            state.consumed = done
-        return state.walk
-
-    def _walk(self, walk: TreeConstraint, tokens: list[int]) -> int:
-        tree, state = walk.tree, walk.state
-        for token in tokens:
-            state = tree.step(state, token) if 0 <= token < self.vocab_size else tree.error_state
-        return state
+    def _committed(self, slot: int, start: int, end: int) -> TreeWalk:
+        """The slot's walk after its committed output tokens at positions [start, end) (a shorter
+        output than before: the request was preempted or rolled back, and is replayed)."""
+        walk = self._slots[slot]
+        tokens = self.req_states.all_token_ids.gpu
+        walk.catch_up(end - start, lambda a, b: tokens[slot, start + a : start + b].tolist())
+        return walk
 
     def apply(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
         if not self._slots or not any(int(slot) in self._slots for slot in ctx.idx_mapping_np):
@@ -117,7 +96,7 @@ class TreeDecodeLogitsProcessorV2(_V2Base):
             walk = self._committed(slot, start, max(start, pos0))
             # Output tokens fed this step, up to this row's own input: positions max(start, pos0)..pos[row].
             fed = input_ids[first_row + max(0, start - pos0) : row + 1] if pos[row] >= start else []
-            entries.append((row, walk.tree, self._walk(walk, fed)))
+            entries.append((row, walk.tree, walk.walk_states(fed, self.vocab_size)[-1]))
         return self.masker.mask_rows(logits, entries)
 
 

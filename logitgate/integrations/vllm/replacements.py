@@ -2,8 +2,8 @@
 
 Each replacement keeps the original it stands in for and routes a call to logitgate's kernels only
 when the call's tensors live on a device listed in `LOGITGATE_VLLM_DEVICES` (default `cpu`: the
-one device where logitgate's kernels are measured faster than vLLM's; see README, "logitgate in
-vLLM: kernels"); everything else, and every configuration the replacement does not cover
+one device where logitgate's kernels are measured faster than vLLM's; see docs/vllm.md,
+"What the plugin replaces per device"); everything else, and every configuration the replacement does not cover
 (synthetic or FLy rejection, vllm-ascend's reduce-sample and block/entropy verification), goes to
 vLLM's original unchanged.
 
@@ -273,7 +273,7 @@ def rejection_sample_replacement(original: Callable, name: str) -> Callable:
     ):
         other_method = synthetic_mode or any(value is not None for key, value in kwargs.items() if key.startswith("fly_"))
         # All-greedy batches stay vLLM's: the same tokens either way, and logitgate's greedy path
-        # was not measured faster than vLLM-CPU's argmax kernel (README, "logitgate in vLLM: kernels").
+        # was not measured faster than vLLM-CPU's argmax kernel (docs/vllm.md, "What the plugin replaces per device").
         if other_method or sampling_metadata.all_greedy or not routed(target_logits):
             return original(
                 draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,

@@ -115,16 +115,37 @@ def resolve_tree_args(extra_args: Mapping[str, Any] | None) -> dict[str, Any] | 
     return args
 
 
+# Where the front end leaves its resolved request on the SamplingParams (vLLM's has an instance
+# dict; msgspec encodes only its fields, so the note never crosses to an engine in another process).
+_RESOLVED_ATTR = "_logitgate_tree_request"
+
+
 def tree_request_for(sampling_params: Any) -> Any:
     """logitgate's `TreeRequest` for a vLLM SamplingParams (None: no tree), resolved as above.
-    Imports the tree machinery, so call it per request, not at start-up."""
-    from ...sampling.processors.tree import tree_request
+    Imports the tree machinery, so call it per request, not at start-up.
 
-    args = resolve_tree_args(getattr(sampling_params, "extra_args", None))
-    if args is None:
-        return None
+    Resolved once per request object: the result is kept on `sampling_params` (with the extra_args
+    object it came from), so the engine, when it runs in the front end's process and gets the same
+    object, reuses the front end's resolve instead of looking the names up again. An engine in its
+    own process gets a decoded copy without the note and resolves it itself. Errors are not kept."""
+    from ...structured.tree_request import tree_request
 
-    class _Params:  # tree_request reads only .extra_args
-        extra_args = args
+    extra_args = getattr(sampling_params, "extra_args", None)
+    # What the resolve reads: the extra_args object and the operator's two variables.
+    source = (extra_args, envs.read(GLOBAL_TREE_ENV), envs.read(TREE_DIR_ENV))
+    kept = getattr(sampling_params, _RESOLVED_ATTR, None)
+    if kept is not None and kept[0] is extra_args and kept[1:3] == source[1:]:
+        return kept[3]
+    args = resolve_tree_args(extra_args)
+    request = None
+    if args is not None:
 
-    return tree_request(_Params)
+        class _Params:  # tree_request reads only .extra_args
+            extra_args = args
+
+        request = tree_request(_Params)
+    try:
+        setattr(sampling_params, _RESOLVED_ATTR, (*source, request))
+    except (AttributeError, TypeError):  # params without an instance dict: resolve again next time
+        pass
+    return request

@@ -7,7 +7,7 @@ advances the grammar by the tokens the rejection sampler accepted. Serving tree 
 it (rather than through a logits processor, which vLLM does not load with speculative decoding)
 makes the tree hold with and without drafts, on every model runner.
 
-The walk itself is logitgate's `TreeGrammar` (structured/tree_backend.py); this module only speaks
+The walk itself is logitgate's `TreeGrammar` (a TreeWalk, structured/tree_walk.py); this module only speaks
 vLLM's interface. Imported by the engine when the first tree request arrives, never at start-up.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
 from vllm.v1.structured_output.request import StructuredOutputRequest
 
-from ...structured.tree_backend import TreeGrammar, _CompiledTree
+from ...structured.tree_backend import TreeGrammar
 
 __all__ = ["TreeOutputGrammar", "TreeOutputRequest", "compile_tree_grammar"]
 
@@ -35,7 +35,7 @@ class TreeOutputGrammar(StructuredOutputGrammar):
 
     @property
     def tree(self) -> Any:
-        return self.walk.compiled.tree
+        return self.walk.tree
 
     def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
         return self.walk.accept_tokens(tokens)
@@ -59,7 +59,7 @@ class TreeOutputGrammar(StructuredOutputGrammar):
 def compile_tree_grammar(tree_request: Any, vocab_size: int, eos_token_id: int | None) -> TreeOutputGrammar:
     """Compile (through TreeDFA's process-wide cache) on the host, where vLLM keeps its bitmask."""
     tree = tree_request.compile(vocab_size, device="cpu", eos_token_id=eos_token_id)
-    return TreeOutputGrammar(TreeGrammar(_CompiledTree(tree)))
+    return TreeOutputGrammar(TreeGrammar(tree))
 
 
 class TreeOutputRequest(StructuredOutputRequest):

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-import numpy as np
 import torch
 
 from .interface import AddedRequest, BatchUpdate, LogitsProcessor, MoveDirectionality, MovedRequest

@@ -1,11 +1,8 @@
 """Tree (RTP-LLM's tree decode as a logits processor): each request that asks for it in
-`SamplingParams.extra_args` is constrained to the paths of a TreeDFA.
-
-extra_args keys (all optional; a request with neither tree key is left alone):
-- "tree_decode": an RTP-LLM prefix-dict config (dict, JSON string or path), as `TreeDFA.from_prefix_dict`;
-- "token_trie": a TokenTreePayload (dict, JSON string or path), as `TreeDFA.from_token_trie`, with
-  "end_token_id" (default: the processor's `eos_token_id`), "token_trie_path" (the descriptor) and
-  "token_trie_model_id" (reject a payload built for another model).
+`SamplingParams.extra_args` is constrained to the paths of a TreeDFA. The extra_args keys are the
+request format of structured/tree_request.py (`TreeRequest`, `tree_request`, re-exported here); a
+token trie's end token defaults to the processor's `eos_token_id`; a request with no tree is left
+alone.
 
 Trees come from the TreeDFA loaders and their process-wide compile cache, so requests that bring
 the same tree share one compiled copy. A row's state follows the request's output-token list (the
@@ -16,20 +13,19 @@ just before sampling.
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 
-from ...structured.constraint_state import TreeConstraint
 from ...backends.formats import num_bitmask_words
 from ...structured.bitmask import apply_token_bitmask_inplace
 from ...structured.tree import TreeDFA
 from ...structured.tree_candidates import host_widths, keep_only_allowed
-from ...structured.tree_prompt import warn_prompt_start
 from ...structured.tree_loaders import check_token_id, check_vocab_size
+from ...structured.tree_prompt import warn_prompt_start
+from ...structured.tree_request import TREE_ARG_KEYS, TreeRequest, tree_request
+from ...structured.tree_walk import TreeWalk
 from .interface import BatchUpdate, LogitsProcessor
 from .spec_layout import SpecDecodeLayout
 from .state import process_dict_updates, validate_added
@@ -38,99 +34,19 @@ __all__ = ["TREE_ARG_KEYS", "Tree", "TreeRequest", "tree_request"]
 
 logger = logging.getLogger(__name__)
 
-TREE_DECODE, TOKEN_TRIE, END_TOKEN_ID = "tree_decode", "token_trie", "end_token_id"
-TRIE_PATH, TRIE_MODEL_ID = "token_trie_path", "token_trie_model_id"
-TREE_ARG_KEYS = (TREE_DECODE, TOKEN_TRIE, END_TOKEN_ID, TRIE_PATH, TRIE_MODEL_ID)
-_TRIE_ONLY = (END_TOKEN_ID, TRIE_PATH, TRIE_MODEL_ID)
-_SOURCE_TYPES = (dict, str, bytes, os.PathLike)
-
-
-class TreeRequest(NamedTuple):
-    """A request's tree, as named by its extra_args (checked for shape, not yet compiled)."""
-
-    kind: str  # "tree_decode" or "token_trie"
-    source: Any
-    end_token_id: int | None = None
-    path: str | None = None
-    model_id: str | None = None
-
-    def end_token(self, vocab_size: int | None, eos_token_id: int | None = None) -> int | None:
-        """A token trie's end token (its own, else `eos_token_id`), checked; None for a prefix dict
-        (its config names it)."""
-        if self.kind != TOKEN_TRIE:
-            return None
-        end = self.end_token_id if self.end_token_id is not None else eos_token_id
-        if end is None:
-            raise ValueError(f"extra_args[{TOKEN_TRIE!r}] needs extra_args[{END_TOKEN_ID!r}]: the token that ends an item")
-        return check_token_id(end, f"extra_args[{END_TOKEN_ID!r}]" if self.end_token_id is not None else "eos_token_id", vocab_size)
-
-    def compile(self, vocab_size: int | None, device: Any = "cpu", eos_token_id: int | None = None) -> TreeDFA:
-        """The compiled (cached) TreeDFA; ValueError names the extra_args key at fault."""
-        end = self.end_token(vocab_size, eos_token_id)
-        try:
-            if self.kind == TREE_DECODE:
-                return TreeDFA.from_prefix_dict(self.source, vocab_size=vocab_size, device=device)
-            return TreeDFA.from_token_trie(
-                self.source, end_token_id=end, path=self.path, model_id=self.model_id, vocab_size=vocab_size, device=device
-            )
-        except ValueError as err:
-            raise ValueError(f"extra_args[{self.kind!r}]: {err}") from None
-
-
-def tree_request(params: Any) -> TreeRequest | None:
-    """The tree a request asks for in `params.extra_args` (logitgate's or vLLM's SamplingParams),
-    or None. ValueError for malformed arguments (both tree kinds, a wrong type, a trie option
-    without a trie)."""
-    args = getattr(params, "extra_args", None)
-    if args is None:
-        return None
-    if not isinstance(args, Mapping):
-        raise ValueError(f"extra_args must be a dict, got {type(args).__name__}")
-    given = [key for key in (TREE_DECODE, TOKEN_TRIE) if args.get(key) is not None]
-    if not given:
-        stray = [key for key in _TRIE_ONLY if args.get(key) is not None]
-        if stray:
-            raise ValueError(f"extra_args[{stray[0]!r}] applies to {TOKEN_TRIE!r}, which is not given")
-        return None
-    if len(given) > 1:
-        raise ValueError(f"extra_args has both {TREE_DECODE!r} and {TOKEN_TRIE!r}; a request decodes under one tree")
-    kind = given[0]
-    source = args[kind]
-    if not isinstance(source, _SOURCE_TYPES):
-        raise ValueError(f"extra_args[{kind!r}] must be a dict, a JSON string or a path, got {type(source).__name__}")
-    if kind == TREE_DECODE:
-        stray = [key for key in _TRIE_ONLY if args.get(key) is not None]
-        if stray:
-            raise ValueError(f"extra_args[{stray[0]!r}] applies to {TOKEN_TRIE!r}, not to {TREE_DECODE!r}")
-        return TreeRequest(kind, source)
-    end = args.get(END_TOKEN_ID)
-    if end is not None:
-        end = check_token_id(end, f"extra_args[{END_TOKEN_ID!r}]", None)
-    for key in (TRIE_PATH, TRIE_MODEL_ID):
-        if args.get(key) is not None and not isinstance(args[key], str):
-            raise ValueError(f"extra_args[{key!r}] must be a string, got {type(args[key]).__name__}")
-    return TreeRequest(kind, source, end, args.get(TRIE_PATH), args.get(TRIE_MODEL_ID))
-
 
 class _TreeRow:
-    """One request's walk: the tree state after the first `consumed` tokens of its output list."""
+    """One request's walk and the output-token list it follows (TreeWalk.follow)."""
 
-    __slots__ = ("consumed", "output_ids", "walk")
+    __slots__ = ("output_ids", "walk")
 
     def __init__(self, tree: TreeDFA, output_ids: list[int]) -> None:
-        self.walk = TreeConstraint(tree)
+        self.walk = TreeWalk(tree)
         self.output_ids = output_ids
-        self.consumed = 0
 
-    def catch_up(self) -> None:
-        out = self.output_ids
-        if len(out) < self.consumed:  # the engine dropped tokens (vLLM, after a failed KV load): replay
-            self.walk, self.consumed = TreeConstraint(self.walk.tree), 0
-        end = self.consumed
-        while end < len(out) and out[end] >= 0:  # -1: an async-scheduling placeholder, filled before sampling
-            end += 1
-        self.walk.accept(out[self.consumed : end])
-        self.consumed = end
+    def catch_up(self) -> TreeWalk:
+        self.walk.follow(self.output_ids)
+        return self.walk
 
 
 class Tree(LogitsProcessor):
