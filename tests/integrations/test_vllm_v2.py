@@ -160,7 +160,8 @@ class Engine:
             expanded_local_pos=torch.tensor(local, dtype=torch.int32), input_ids=torch.tensor(input_ids, dtype=torch.int32),
             pos=torch.tensor(pos, dtype=torch.int64), seq_lens_upper_bound_np=np.array(pos, dtype=np.int32) + 1,
         )
-        logits = torch.randn(len(rows), V)
+        # Seeded from the engine's rng, so the walk (and how many rows it checks) is the same every run.
+        logits = torch.randn(len(rows), V, generator=torch.Generator().manual_seed(self.rng.randrange(2**31)))
         got = self.proc.apply(logits.clone(), ctx)
         checked = 0
         for slot, first, drafts in layout:
