@@ -494,6 +494,40 @@ def bench_client(path: Path | str, port: int, schema: dict | None, sampling: dic
                                          "generated_texts", "output_lens", "errors") if key in result}
 
 
+# vLLM's own per-request histograms (its /metrics endpoint): where a request's time went.
+PHASES = {"e2e": "vllm:e2e_request_latency_seconds", "queue": "vllm:request_queue_time_seconds",
+          "prefill": "vllm:request_prefill_time_seconds", "decode": "vllm:request_decode_time_seconds",
+          "inference": "vllm:request_inference_time_seconds"}
+
+
+def phase_sums(port: int) -> dict[str, float]:
+    """Sums (seconds, all requests so far) and counts of PHASES, from the server's /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        for phase, metric in PHASES.items():
+            for suffix in ("_sum", "_count"):
+                if line.startswith((metric + suffix + "{", metric + suffix + " ")):
+                    key = phase + suffix
+                    sums[key] = sums.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return sums
+
+
+def phase_breakdown(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean seconds per request of one case: e2e (the front end's arrival to the last token) split
+    into the engine's queue, prefill and decode, and the rest (`front_end`: HTTP, tokenising,
+    detokenising, output processing between the API server and the engine core)."""
+    count = after.get("e2e_count", 0) - before.get("e2e_count", 0)
+    if not count:
+        return {}
+    mean = {phase: (after.get(phase + "_sum", 0) - before.get(phase + "_sum", 0)) / count for phase in PHASES}
+    mean["front_end"] = mean["e2e"] - mean["queue"] - mean["inference"]
+    return {key: round(value, 3) for key, value in mean.items() if key != "inference"}
+
+
 def _schema_valid(text: str, schema: dict) -> bool:
     """Parses (xgrammar's JSON lets raw tabs into strings: strict=False) and satisfies the schema."""
     import jsonschema  # a dependency of vLLM's
@@ -519,7 +553,9 @@ def served_server_run(python: str, path: Path, with_logitgate: bool, port: int, 
         bench_client(path, port, UNBOUNDED_SCHEMA, SERVED_MODES["t1"], prompts_n=SERVED_CONCURRENCY)
         runs = {"start_s": start_s}
         for name, schema, mode in served_cases():
+            before = phase_sums(port)
             out = bench_client(path, port, schema, SERVED_MODES[mode])
+            out["phases"] = phase_breakdown(before, phase_sums(port))
             texts = out.pop("generated_texts")
             out.pop("output_lens", None)  # 96 each: the client sets ignore_eos for its random dataset
             out["valid"] = sum(_schema_valid(t, schema) for t in texts) if schema else None
@@ -560,6 +596,9 @@ def served_benchmark(python: str, rounds: int, port: int = 8123) -> dict:
                                  "vllm": [f"{run[name]['valid']}/{run[name]['completed']}" for run in runs[False]]},
             "completed": [run[name]["completed"] for run in runs[True] + runs[False]],
             "errors": [e for run in runs[True] + runs[False] for e in run[name]["errors"]][:3],
+            # Mean seconds per request in each phase (vLLM's /metrics), median over the servers.
+            "phases_logitgate": _median_phases([run[name]["phases"] for run in runs[True]]),
+            "phases_vllm": _median_phases([run[name]["phases"] for run in runs[False]]),
         })
     greedy = [name for name, _, mode in served_cases() if mode == "greedy"]
     identical = {name: all(run[name]["texts"] == runs[False][0][name]["texts"] for run in runs[True] + runs[False])
@@ -567,6 +606,11 @@ def served_benchmark(python: str, rounds: int, port: int = 8123) -> dict:
     return {"served_rows": rows, "served_greedy_identical": identical,
             "served_start_s": {"logitgate": [round(r["start_s"], 1) for r in runs[True]],
                                "vllm": [round(r["start_s"], 1) for r in runs[False]]}}
+
+
+def _median_phases(runs: list[dict[str, float]]) -> dict[str, float]:
+    keys = set().union(*runs) if runs else set()
+    return {key: round(statistics.median(run[key] for run in runs if key in run), 3) for key in sorted(keys)}
 
 
 def _speculative_config(drafter: str) -> dict:
