@@ -228,10 +228,10 @@ def run_result(cmd: list[str], env: dict[str, str], what: str) -> tuple[dict, st
 
 def run_scenario(scenario: str, with_logitgate: bool, *args: str, env_overrides: dict[str, str] | None = None) -> dict:
     """One scenario of this file (`check`, `check-default`, `demo-json`) in a fresh process; with
-    `sample_first_log`: what the engine's processes logged about sample_first."""
+    `logitgate_log`: what the engine's processes (across processes too) logged about logitgate."""
     cmd = [sys.executable, str(Path(__file__).resolve()), scenario, *args]
     result, output = run_result(cmd, engine_env(with_logitgate, env_overrides), f"engine scenario {scenario}")
-    result["sample_first_log"] = [line for line in output.splitlines() if "logitgate sample_first" in line]
+    result["logitgate_log"] = [line for line in output.splitlines() if "logitgate" in line]
     return result
 
 

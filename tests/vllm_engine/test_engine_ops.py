@@ -98,10 +98,14 @@ def default_layout():
 
 def test_default_layout_samples_first_with_worker_mirrors(default_layout, runs):
     """Issue 21: the same outputs as vLLM without logitgate where users deploy it: the scheduler
-    deferred rows to the worker process (its log says so), greedy JSON identical, every finished
+    deferred rows to the worker process and the fill ran ahead (the log says so), greedy JSON identical, every finished
     sampled output valid, trees complete, banned-token rows ending as without sample_first."""
     _, without = runs
-    assert any("worker process checks rows" in line for line in default_layout["sample_first_log"])
+    log = default_layout["logitgate_log"]
+    assert any("logitgate sample_first: the worker process checks rows" in line for line in log)
+    # The fill runs ahead in the engine-core process (no counters to read across processes: its log line).
+    assert any("logitgate: grammar bitmasks fill while the model runs" in line for line in log)
+    assert not any("sample_first: off in this engine" in line for line in log)
     assert default_layout["greedy_outputs"] == without["greedy_outputs"]
     assert default_layout["greedy_json_valid"] == 16
     assert default_layout["sampled_json_valid"] == default_layout["sampled_finished"] >= 12
