@@ -17,7 +17,7 @@ import os
 import subprocess
 
 import pytest
-from json_engine import DEMO_JSON_MAX_TOKENS, DEMO_SCHEMA, demo_json_prompts
+from json_engine import DEMO_JSON_MAX_TOKENS, DEMO_SCHEMA, STRUCTURED_OUTPUTS_CONFIG, demo_json_prompts
 from ops_helpers import needs_vllm_cpu
 from server_helpers import post, running_server, server_command
 from test_vllm_engine import is_complete_path
@@ -42,7 +42,10 @@ def server(tmp_path_factory):
     template = trees / "template.jinja"
     template.write_text(CHAT_TEMPLATE)
     log = tmp_path_factory.mktemp("log") / "server.log"
-    with running_server(log, "--chat-template", str(template), LOGITGATE_TREE_DIR=str(trees),
+    # xgrammar without free whitespace (the demo model would pad JSON with it to max_tokens): only
+    # the server's config sets it; a request's disable_any_whitespace is not read in vLLM 0.32.
+    with running_server(log, "--chat-template", str(template), "--structured-outputs-config",
+                        json.dumps(STRUCTURED_OUTPUTS_CONFIG), LOGITGATE_TREE_DIR=str(trees),
                         LOGITGATE_TREE_MAX_DEPTH=str(MAX_DEPTH), LOGITGATE_TREE_MAX_BYTES=str(MAX_BYTES)) as s:
         yield s
 
@@ -132,7 +135,7 @@ def test_json_in_the_default_layout_samples_first_and_ends_as_the_masked_path(se
     import jsonschema
 
     _, model, _ = demo
-    structured = {"json": DEMO_SCHEMA, "disable_any_whitespace": True}
+    structured = {"json": DEMO_SCHEMA}
 
     def run(**body):
         status, answer = post(f"{server.url}/v1/completions", {
