@@ -423,6 +423,10 @@ def served_benchmark(python: str, rounds: int, port: int = 8123) -> dict:
             runs[with_logitgate].append(served_server_run(python, path, with_logitgate, port, log))
             summary = {name: round(run["output_throughput"], 1) for name, run in runs[with_logitgate][-1].items() if name != "start_s"}
             print(f"SERVER {'logitgate' if with_logitgate else 'vllm'} round {r}: {json.dumps(summary)}", file=sys.stderr, flush=True)
+            # The whole run but its texts, so a run cut short still has each finished server's cases.
+            whole = {name: {k: v for k, v in run.items() if k != "texts"} if isinstance(run, dict) else run
+                     for name, run in runs[with_logitgate][-1].items()}
+            print(f"SERVER_RUN {'logitgate' if with_logitgate else 'vllm'} {r} {json.dumps(whole)}", file=sys.stderr, flush=True)
     rows = []
     for name, schema, mode in served_cases():
         lg = statistics.median(run[name]["output_throughput"] for run in runs[True])
