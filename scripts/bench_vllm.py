@@ -51,144 +51,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-NUM_REQUESTS = 64
-MAX_TOKENS = 96  # a JSON object of this schema took ~37 tokens here
-OPS_WITH_LOGITGATE = "bitmask,sampler,rejection,fill,sample_first"
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "city": {"type": "string", "maxLength": 12},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 2},
-    },
-    "required": ["name", "age", "city", "tags"],
-}
-
-
-def model_dir() -> Path:
-    from logitgate.models.real_vocab import cache_dir
-
-    return cache_dir() / "bench_vllm" / "tiny-llama3-h128-l2"
-
-
-def build_model(path: Path) -> Path:
-    """A random 2-layer Llama with Llama-3's tokenizer saved next to it (fixed seed)."""
-    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
-        return path
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from logitgate.models.real_vocab import load_tokenizer
-
-    tokenizer = load_tokenizer("llama3")
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-    )
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # larger logits than the default init: peaked, model-like distributions
-        model.model.embed_tokens.weight.normal_(0.0, 0.5)
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
+sys.path.insert(0, str(ROOT / "tests" / "vllm_engine"))
+# The model, schema, prompts and engine are the engine tests' (tests/vllm_engine/json_engine.py).
+from json_engine import (  # noqa: E402 (the path above)
+    MAX_TOKENS,
+    NUM_REQUESTS,
+    OPS_WITH_LOGITGATE,
+    SCHEMA,
+    STRUCTURED_OUTPUTS_CONFIG,
+    build_model,
+    engine_env,
+    is_json,
+    json_params,
+    model_dir,
+    prompts,
+    routed_calls,
+    run_result,
+    start_engine,
+)
 
 TREE_REQUESTS = 32
-
-
-def prompts() -> list[str]:
-    return [f"Describe person number {i} as JSON with name, age, city and tags:" for i in range(NUM_REQUESTS)]
-
-
-# ---- child: one engine ----
-
-
-def start_engine(path: str, max_num_seqs: int = NUM_REQUESTS, in_process: bool = True):
-    """vLLM's offline engine on the CPU: in this process, or (`in_process` False) with vLLM's
-    defaults, the engine core and its worker in processes of their own. xgrammar without free
-    whitespace between JSON tokens (a random model would otherwise pad with whitespace until
-    max_tokens)."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    if in_process:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from vllm import LLM
-
-    return LLM(
-        model=path, dtype="float32", enforce_eager=True, max_num_seqs=max_num_seqs, max_model_len=512, seed=0,
-        structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
-    )
-
-
-def json_params(temperature: float, seed: int | None = None):
-    from vllm import SamplingParams
-    from vllm.sampling_params import StructuredOutputsParams
-
-    return SamplingParams(max_tokens=MAX_TOKENS, temperature=temperature, seed=seed,
-                          structured_outputs=StructuredOutputsParams(json=SCHEMA))
-
-
-# A small tree over Llama-3 ids (root 1 -> 1000/2000/3000 -> ...): its complete paths end at <|end_of_text|>.
-TREE_END = 128001
-CHECK_TREE = {"start_token_id": 1, "end_token_id": TREE_END, "prefix_dict": {
-    "1": [1000, 2000, 3000], "1_1000": [1001], "1_1000_1001": [TREE_END], "1_2000": [TREE_END], "1_3000": [2001],
-    "1_3000_2001": [TREE_END]}}
-TREE_PATHS = [[1000, 1001, TREE_END], [2000, TREE_END], [3000, 2001, TREE_END]]
-
-
-def _outcome(llm, texts, params) -> list:
-    """Per request (token ids, finish reason), or the error the engine raised for the batch."""
-    try:
-        return [[list(o.outputs[0].token_ids), o.outputs[0].finish_reason] for o in llm.generate(texts, params, use_tqdm=False)]
-    except Exception as err:  # noqa: BLE001 - the test reads it
-        return [f"{type(err).__name__}: {err}"]
-
-
-def tree_check(llm, texts: list[str]) -> dict:
-    """Tree requests first in a fresh engine (a server that has seen only trees has no xgrammar
-    backend: issue 22.1), greedy and unseeded T=1 (both sample first); then a tree whose every token
-    `allowed_token_ids` bans (22.5), sampled first and, with logprobs, through vLLM's masked path."""
-    from vllm import SamplingParams
-
-    def tree(**kwargs):
-        return SamplingParams(max_tokens=8, extra_args={"tree_decode": CHECK_TREE}, **kwargs)
-
-    banned = {"allowed_token_ids": [0, 1]}
-    return {
-        "tree_greedy": _outcome(llm, texts, tree(temperature=0.0)),
-        "tree_t1": _outcome(llm, texts, tree(temperature=1.0)),
-        "banned_greedy": _outcome(llm, texts[:2], tree(temperature=0.0, **banned)),
-        "banned_greedy_logprobs": _outcome(llm, texts[:2], tree(temperature=0.0, logprobs=1, **banned)),
-        "banned_t1": _outcome(llm, texts[:2], tree(temperature=1.0, **banned)),
-        "banned_t1_logprobs": _outcome(llm, texts[:2], tree(temperature=1.0, logprobs=1, **banned)),
-    }
-
-
-def check(path: str, in_process: bool = True) -> dict:
-    """The engine test's scenario (tests/vllm_engine): tree requests (`tree_check`, with the
-    plugin only), then 16 JSON requests, greedy, then temperature 1 with per-request seeds, then
-    without; the outputs and the replacements' call counters (in this process only)."""
-    llm = start_engine(path, max_num_seqs=16, in_process=in_process)
-    texts = prompts()[:16]
-    trees = tree_check(llm, texts) if os.environ.get("VLLM_PLUGINS") != "" else {}
-    greedy = [list(o.outputs[0].token_ids) for o in llm.generate(texts, json_params(0.0), use_tqdm=False)]
-    sampled = llm.generate(texts, [json_params(1.0, seed=i) for i in range(16)], use_tqdm=False)
-    sampled_tokens = [list(o.outputs[0].token_ids) for o in sampled]
-    unseeded = llm.generate(texts, json_params(1.0), use_tqdm=False)  # sampled before their masks (sample_first)
-    return {
-        "unseeded_json_valid": sum(_is_json(llm, list(o.outputs[0].token_ids)) for o in unseeded),
-        "unseeded_finished": sum(o.outputs[0].finish_reason == "stop" for o in unseeded),
-        "greedy_outputs": greedy,
-        "greedy_json_valid": sum(_is_json(llm, t) for t in greedy),
-        "sampled_json_valid": sum(_is_json(llm, t) for t in sampled_tokens),
-        "sampled_finished": sum(o.outputs[0].finish_reason == "stop" for o in sampled),
-        "sampled_not_json": [o.outputs[0].text for o, t in zip(sampled, sampled_tokens) if not _is_json(llm, t)],
-        "routed_calls": _routed_calls(),
-        **trees,
-    }
 
 
 def child(path: str, repeats: int) -> dict:
@@ -214,29 +96,10 @@ def child(path: str, repeats: int) -> dict:
             result[f"{mode}_s"].append(seconds)
             result[f"{mode}_tokens"].append(sum(map(len, tokens)))
             result[f"{mode}_outputs"] = tokens
-    result["json_valid"] = sum(_is_json(llm, t) for t in result["greedy_outputs"])
-    result["t1_json_valid"] = sum(_is_json(llm, t) for t in result["t1_outputs"])
-    result["routed_calls"] = _routed_calls()
+    result["json_valid"] = sum(is_json(llm, t) for t in result["greedy_outputs"])
+    result["t1_json_valid"] = sum(is_json(llm, t) for t in result["t1_outputs"])
+    result["routed_calls"] = routed_calls()
     return result
-
-
-def _is_json(llm, tokens: list[int]) -> bool:
-    text = llm.get_tokenizer().decode(tokens, skip_special_tokens=True)
-    try:  # strict=False: xgrammar's JSON grammar lets raw tabs into strings, which strict JSON refuses
-        json.loads(text, strict=False)
-        return True
-    except ValueError:
-        return False
-
-
-def _routed_calls() -> dict:
-    """Calls that reached logitgate's kernels (empty without the plugin); read after the engine
-    ran, so importing logitgate here loads no numba before vLLM's worker started."""
-    if "logitgate.integrations.vllm.ops" not in sys.modules:
-        return {}
-    from logitgate.integrations.vllm.ops import installed
-
-    return {name: value.routed_calls for name, value in installed().items()}
 
 
 def tree_prompts() -> list[dict]:
@@ -252,7 +115,6 @@ def tree_child(drafter: str | None, repeats: int) -> dict:
     """Tree decode (global mode, set by the parent's environment) in one engine, without
     speculation (`drafter` None) or with one of engine_scenarios.DRAFTERS: `repeats` timed greedy
     rounds after a warm-up, spec counters per round."""
-    sys.path.insert(0, str(ROOT / "tests" / "vllm_engine"))
     from vllm import SamplingParams
 
     from engine_scenarios import MAX_TOKENS as TREE_MAX_TOKENS
@@ -290,23 +152,10 @@ def engine_available(python: str) -> tuple[bool, str]:
 
 def run_child(python: str, path: Path | str, with_logitgate: bool, repeats: int, mode: str = "--child",
               env_overrides: dict[str, str] | None = None) -> dict:
-    """One engine in a fresh process; `mode` --child (benchmark rounds), --check (engine test) or
-    --tree-child (`path` is then "plain" or a drafter)."""
-    env = dict(os.environ)
-    if with_logitgate:
-        env.pop("VLLM_PLUGINS", None)
-        env["LOGITGATE_VLLM_OPS"] = OPS_WITH_LOGITGATE
-    else:
-        env["VLLM_PLUGINS"] = ""  # no general plugin at all: vLLM as shipped
-    env.update(env_overrides or {})
+    """One engine in a fresh process; `mode` --child (benchmark rounds) or --tree-child (`path` is
+    then "plain" or a drafter)."""
     cmd = [python, str(Path(__file__).resolve()), mode, str(path), "--repeats", str(repeats)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode or not lines:
-        raise RuntimeError(f"engine child failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
-    result = json.loads(lines[-1][len("RESULT "):])
-    # What the engine's processes logged about sample_first (the worker's mirrors, across processes).
-    result["sample_first_log"] = [line for line in (proc.stdout + proc.stderr).splitlines() if "logitgate sample_first" in line]
+    result, _ = run_result(cmd, engine_env(with_logitgate, env_overrides), "engine child")
     return result
 
 
@@ -426,17 +275,11 @@ def start_server(python: str, path: Path | str, with_logitgate: bool, port: int,
                  extra_args: list[str] | None = None, log: Path | None = None) -> subprocess.Popen:
     """`python -m vllm.entrypoints.openai.api_server` (what `vllm serve` runs) with vLLM's defaults
     (API server, engine core and worker in processes of their own), the plugin loaded or not."""
-    env = dict(os.environ)
+    env = engine_env(with_logitgate, extra_env)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    if with_logitgate:
-        env.pop("VLLM_PLUGINS", None)
-        env["LOGITGATE_VLLM_OPS"] = OPS_WITH_LOGITGATE
-    else:
-        env["VLLM_PLUGINS"] = ""
-    env.update(extra_env or {})
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path), "--dtype", "float32",
            "--max-num-seqs", str(SERVED_CONCURRENCY), "--max-model-len", "512", "--seed", "0", "--port", str(port),
-           "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
+           "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS_CONFIG),
            *(extra_args or [])]
     out = open(log, "w") if log else subprocess.DEVNULL
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -495,6 +338,40 @@ def bench_client(path: Path | str, port: int, schema: dict | None, sampling: dic
                                          "generated_texts", "output_lens", "errors") if key in result}
 
 
+# vLLM's own per-request histograms (its /metrics endpoint): where a request's time went.
+PHASES = {"e2e": "vllm:e2e_request_latency_seconds", "queue": "vllm:request_queue_time_seconds",
+          "prefill": "vllm:request_prefill_time_seconds", "decode": "vllm:request_decode_time_seconds",
+          "inference": "vllm:request_inference_time_seconds"}
+
+
+def phase_sums(port: int) -> dict[str, float]:
+    """Sums (seconds, all requests so far) and counts of PHASES, from the server's /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        for phase, metric in PHASES.items():
+            for suffix in ("_sum", "_count"):
+                if line.startswith((metric + suffix + "{", metric + suffix + " ")):
+                    key = phase + suffix
+                    sums[key] = sums.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return sums
+
+
+def phase_breakdown(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean seconds per request of one case: e2e (the front end's arrival to the last token) split
+    into the engine's queue, prefill and decode, and the rest (`front_end`: HTTP, tokenising,
+    detokenising, output processing between the API server and the engine core)."""
+    count = after.get("e2e_count", 0) - before.get("e2e_count", 0)
+    if not count:
+        return {}
+    mean = {phase: (after.get(phase + "_sum", 0) - before.get(phase + "_sum", 0)) / count for phase in PHASES}
+    mean["front_end"] = mean["e2e"] - mean["queue"] - mean["inference"]
+    return {key: round(value, 3) for key, value in mean.items() if key != "inference"}
+
+
 def _schema_valid(text: str, schema: dict) -> bool:
     """Parses (xgrammar's JSON lets raw tabs into strings: strict=False) and satisfies the schema."""
     import jsonschema  # a dependency of vLLM's
@@ -520,7 +397,9 @@ def served_server_run(python: str, path: Path, with_logitgate: bool, port: int, 
         bench_client(path, port, UNBOUNDED_SCHEMA, SERVED_MODES["t1"], prompts_n=SERVED_CONCURRENCY)
         runs = {"start_s": start_s}
         for name, schema, mode in served_cases():
+            before = phase_sums(port)
             out = bench_client(path, port, schema, SERVED_MODES[mode])
+            out["phases"] = phase_breakdown(before, phase_sums(port))
             texts = out.pop("generated_texts")
             out.pop("output_lens", None)  # 96 each: the client sets ignore_eos for its random dataset
             out["valid"] = sum(_schema_valid(t, schema) for t in texts) if schema else None
@@ -545,6 +424,10 @@ def served_benchmark(python: str, rounds: int, port: int = 8123) -> dict:
             runs[with_logitgate].append(served_server_run(python, path, with_logitgate, port, log))
             summary = {name: round(run["output_throughput"], 1) for name, run in runs[with_logitgate][-1].items() if name != "start_s"}
             print(f"SERVER {'logitgate' if with_logitgate else 'vllm'} round {r}: {json.dumps(summary)}", file=sys.stderr, flush=True)
+            # The whole run but its texts, so a run cut short still has each finished server's cases.
+            whole = {name: {k: v for k, v in run.items() if k != "texts"} if isinstance(run, dict) else run
+                     for name, run in runs[with_logitgate][-1].items()}
+            print(f"SERVER_RUN {'logitgate' if with_logitgate else 'vllm'} {r} {json.dumps(whole)}", file=sys.stderr, flush=True)
     rows = []
     for name, schema, mode in served_cases():
         lg = statistics.median(run[name]["output_throughput"] for run in runs[True])
@@ -561,6 +444,9 @@ def served_benchmark(python: str, rounds: int, port: int = 8123) -> dict:
                                  "vllm": [f"{run[name]['valid']}/{run[name]['completed']}" for run in runs[False]]},
             "completed": [run[name]["completed"] for run in runs[True] + runs[False]],
             "errors": [e for run in runs[True] + runs[False] for e in run[name]["errors"]][:3],
+            # Mean seconds per request in each phase (vLLM's /metrics), median over the servers.
+            "phases_logitgate": _median_phases([run[name]["phases"] for run in runs[True]]),
+            "phases_vllm": _median_phases([run[name]["phases"] for run in runs[False]]),
         })
     greedy = [name for name, _, mode in served_cases() if mode == "greedy"]
     identical = {name: all(run[name]["texts"] == runs[False][0][name]["texts"] for run in runs[True] + runs[False])
@@ -570,8 +456,12 @@ def served_benchmark(python: str, rounds: int, port: int = 8123) -> dict:
                                "vllm": [round(r["start_s"], 1) for r in runs[False]]}}
 
 
+def _median_phases(runs: list[dict[str, float]]) -> dict[str, float]:
+    keys = set().union(*runs) if runs else set()
+    return {key: round(statistics.median(run[key] for run in runs if key in run), 3) for key in sorted(keys)}
+
+
 def _speculative_config(drafter: str) -> dict:
-    sys.path.insert(0, str(ROOT / "tests" / "vllm_engine"))
     from engine_scenarios import speculative_config
 
     return speculative_config(drafter)
@@ -590,8 +480,6 @@ def run_served(python: str, rounds: int) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", metavar="MODEL_DIR", help=argparse.SUPPRESS)
-    parser.add_argument("--check", metavar="MODEL_DIR", help=argparse.SUPPRESS)
-    parser.add_argument("--check-default", metavar="MODEL_DIR", help=argparse.SUPPRESS)
     parser.add_argument("--tree-child", help=argparse.SUPPRESS)
     parser.add_argument("--served-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--only", choices=("all", "served", "json", "tree-spec"), default="all",
@@ -609,9 +497,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out")
     parser.add_argument("--plot")
     args = parser.parse_args(argv)
-    if args.check or args.check_default:
-        print("RESULT " + json.dumps(check(args.check or args.check_default, in_process=bool(args.check))), flush=True)
-        return {}
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.repeats)), flush=True)
         return {}
@@ -641,7 +526,6 @@ def main(argv: list[str] | None = None) -> dict:
         for row in result["rows"]:
             row["case"] = row["case"] if row["case"].startswith("served") else f"in-process, {row['case']}"
     if args.only in ("all", "tree-spec"):
-        sys.path.insert(0, str(ROOT / "tests" / "vllm_engine"))
         from engine_scenarios import DRAFTERS
 
         drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]

@@ -58,11 +58,12 @@ def save_mtp_target(directory: str | Path, seed: int = 0) -> Path:
 def tree_greedy_reference(model_dir: str | Path, tree, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """Greedy decoding under the tree with transformers (no drafts): per prompt, the argmax of the
     target's logits over the tree's allowed tokens, step by step, until the tree's end token: the
-    reference, independent of vLLM, for vLLM's greedy outputs under MTP drafts."""
+    reference, independent of vLLM, for vLLM's greedy outputs under MTP drafts and in vLLM's parallel modes
+    (any causal LM `AutoModelForCausalLM` loads: the MiMo target, the demo target)."""
     import torch
-    from transformers import Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     outputs = []
     with torch.no_grad():
         for prompt in prompts:

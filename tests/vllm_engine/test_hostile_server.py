@@ -4,7 +4,12 @@ silently unconstrained (completions and chat), while `n` > 1 keeps the tree; a 3
 name is a 400, not a 500; the operator's size limits give a 400 naming the limit; a tree's
 unreachable keys are logged once, in a short line; a prompt that does not end in the tree's start
 token is warned about once per request; and a broken server-wide tree stops the server at start-up
-with its path and the reason."""
+with its path and the reason.
+
+The same server is vLLM's default layout (API server, engine core and worker in processes of their
+own), so it also carries the deployment checks of issue 21.c: JSON-schema requests there are valid
+and sampled first (the worker's grammar mirrors), greedy ones identical to vLLM's masked path, with
+the fill running ahead."""
 from __future__ import annotations
 
 import json
@@ -13,6 +18,7 @@ import subprocess
 
 import pytest
 
+from json_engine import DEMO_JSON_MAX_TOKENS, DEMO_SCHEMA, STRUCTURED_OUTPUTS_CONFIG, demo_json_prompts
 from ops_helpers import needs_vllm_cpu
 from server_helpers import post, running_server, server_command
 from test_vllm_engine import is_complete_path
@@ -37,7 +43,10 @@ def server(tmp_path_factory):
     template = trees / "template.jinja"
     template.write_text(CHAT_TEMPLATE)
     log = tmp_path_factory.mktemp("log") / "server.log"
-    with running_server(log, "--chat-template", str(template), LOGITGATE_TREE_DIR=str(trees),
+    # xgrammar without free whitespace (the demo model would pad JSON with it to max_tokens): only
+    # the server's config sets it; a request's disable_any_whitespace is not read in vLLM 0.32.
+    with running_server(log, "--chat-template", str(template), "--structured-outputs-config",
+                        json.dumps(STRUCTURED_OUTPUTS_CONFIG), LOGITGATE_TREE_DIR=str(trees),
                         LOGITGATE_TREE_MAX_DEPTH=str(MAX_DEPTH), LOGITGATE_TREE_MAX_BYTES=str(MAX_BYTES)) as s:
         yield s
 
@@ -118,6 +127,33 @@ def test_a_prompt_not_ending_in_the_start_token_is_warned_once_per_request(serve
     assert status == 200, body
     warned = [line for line in server.log_text().splitlines() if "not in the prefix dict's start_token_id 259" in line]
     assert len(warned) == 1, warned
+
+
+def test_json_in_the_default_layout_samples_first_and_ends_as_the_masked_path(server, demo):
+    """Greedy rows sample before their masks (no logprobs) or take vLLM's masked path (logprobs=1
+    keeps a row off sample_first): the same tokens; every output, greedy or unseeded T=1, valid for
+    its schema; the log shows sample_first checking rows in the worker and the fill running ahead."""
+    import jsonschema
+
+    _, model, _ = demo
+    structured = {"json": DEMO_SCHEMA}
+
+    def run(**body):
+        status, answer = post(f"{server.url}/v1/completions", {
+            "model": model, "prompt": demo_json_prompts(), "max_tokens": DEMO_JSON_MAX_TOKENS, "return_token_ids": True,
+            "structured_outputs": structured, **body})
+        assert status == 200, answer
+        return sorted(answer["choices"], key=lambda c: c["index"])
+
+    first, masked, sampled = run(temperature=0), run(temperature=0, logprobs=1), run(temperature=1.0)
+    assert [c["token_ids"] for c in first] == [c["token_ids"] for c in masked]
+    for choice in first + sampled:
+        assert choice["finish_reason"] == "stop", choice
+        assert jsonschema.Draft202012Validator(DEMO_SCHEMA).is_valid(json.loads(choice["text"], strict=False)), choice
+    log = server.log_text()
+    assert "logitgate sample_first: the worker process checks rows" in log
+    assert "logitgate: grammar bitmasks fill while the model runs" in log
+    assert "sample_first: off in this engine" not in log
 
 
 @pytest.mark.parametrize("content, reason", [(None, "No such file or directory"), ("{not json", "not valid JSON")])

@@ -313,12 +313,20 @@ def test_the_manager_defers_only_while_a_runner_here_checks_the_rows(tree_manage
     assert not list(sample_first._runners)
 
 
-@pytest.mark.parametrize("change", [{"device": "cuda"}, {"world_size": 2}, {"num_spec": 2}])
-def test_no_deferral_off_the_cpu_across_processes_or_with_drafts(tree_manager, change):
+@pytest.mark.parametrize("change, reason", [({"device": "cuda"}, "the device is cuda, not the CPU"),
+                                            ({"world_size": 2}, "world size 2"),
+                                            ({"num_spec": 2}, "speculative decoding")])
+def test_no_deferral_off_the_cpu_across_processes_or_with_drafts(tree_manager, change, reason, caplog):
+    """Off, and the engine's log says so once, with the reason (issue 21: a speed operation either
+    works or switches itself off with a log line)."""
     runner = make_runner(torch.zeros(1, 48), [0.0])
     runner.sample_tokens(None)
     fill, _, _ = tree_manager(**change)
-    assert not getattr(fill(), "deferred", None)
+    with caplog.at_level("INFO", logger="vllm.logitgate.sample_first"):
+        assert not getattr(fill(), "deferred", None)
+        assert not getattr(fill(), "deferred", None)
+    off = [r.getMessage() for r in caplog.records if "sample_first: off in this engine" in r.getMessage()]
+    assert len(off) == 1 and reason in off[0], off
     del runner
 
 

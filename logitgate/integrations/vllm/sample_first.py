@@ -110,6 +110,7 @@ def _rebuild(bitmask: np.ndarray, deferred: dict) -> DeferredRows:
 LOCAL, MIRRORED = "local", "mirrored"  # where a deferred row is checked: the scheduler's grammar, the worker's mirror
 _MIRRORS_KEY = "_logitgate_worker_mirrors"  # on the manager: its worker said it mirrors grammars
 _SHIPPED_KEY = "_logitgate_shipped"  # on a request: output tokens already shipped to the worker's mirror
+_OFF_LOGGED_KEY = "_logitgate_sample_first_off_logged"  # on the manager: the "off" line was logged
 WORKER_MIRRORS = "logitgate_mirrors_grammars"  # on a ModelRunnerOutput: the worker that sampled it mirrors
 
 
@@ -124,15 +125,24 @@ def _runner_handles_deferred(runner: Any) -> bool:
     return _replaced(cls.sample_tokens) and _replaced(cls._sample) and _replaced(getattr(type(getattr(runner, "sampler", None)), "sample", None))
 
 
+def _why_not_one_cpu_worker(config: Any) -> str | None:
+    """None in the layouts where the one worker that samples a batch is the one the scheduler
+    talks to and no draft rows exist (the CPU, world size 1, no speculative decoding, no async
+    scheduling); else what rules sample_first out."""
+    device = getattr(config.device_config, "device_type", None)
+    if device != "cpu":
+        return f"the device is {device}, not the CPU"
+    if config.parallel_config.world_size != 1:
+        return f"world size {config.parallel_config.world_size} (tensor / pipeline parallel)"
+    if config.num_speculative_tokens:
+        return "speculative decoding (draft rows are masked before verification)"
+    if getattr(getattr(config, "scheduler_config", None), "async_scheduling", False):
+        return "async scheduling"
+    return None
+
+
 def _one_cpu_worker(config: Any) -> bool:
-    """The layouts where the one worker that samples a batch is the one the scheduler talks to
-    and no draft rows exist: the CPU, world size 1, no speculative decoding, no async scheduling."""
-    return (
-        getattr(config.device_config, "device_type", None) == "cpu"
-        and config.parallel_config.world_size == 1
-        and not config.num_speculative_tokens
-        and not getattr(getattr(config, "scheduler_config", None), "async_scheduling", False)
-    )
+    return _why_not_one_cpu_worker(config) is None
 
 
 def _deferral(manager: Any) -> str | None:
@@ -142,6 +152,10 @@ def _deferral(manager: Any) -> str | None:
     the grammar starts); None elsewhere: vLLM's fill."""
     config = manager.vllm_config
     if not _one_cpu_worker(config):
+        if not manager.__dict__.get(_OFF_LOGGED_KEY):  # once per engine: the operation is off, and why
+            manager.__dict__[_OFF_LOGGED_KEY] = True
+            logger.info("logitgate sample_first: off in this engine (%s); rows are masked before sampling, as vLLM does",
+                        _why_not_one_cpu_worker(config))
         return None
     if any(_runner_handles_deferred(runner) for runner in list(_runners)):
         return LOCAL
