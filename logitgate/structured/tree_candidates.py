@@ -336,8 +336,8 @@ def keep_only_allowed(
     """In place: row rows[i] of `logits` (B, V) (default row i) keeps only the tokens tree state
     states[i] allows, every other column -inf, columns past the tree's vocabulary included. This is
     how a logits processor, which must return whole rows, masks with the tree: fill the row and put
-    the allowed logits back, with no bitmask built (on CPU 0.98-2.1x the speed of fill_bitmask +
-    apply, ~1.1x at large V where both write the whole row; scripts/bench_tree.py). `max_width` bounds the rows' widths (default the tree's
+    the allowed logits back, with no bitmask built (its speed against fill_bitmask + apply:
+    docs/trees.md, "Tree decode steps that cost what the tree allows"). `max_width` bounds the rows' widths (default the tree's
     widest state); rows must be distinct; no host sync. Returns logits."""
     states = tree.check_states(states).long()
     if logits.device != tree.device:
