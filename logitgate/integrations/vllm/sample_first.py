@@ -150,12 +150,12 @@ def _deferral(manager: Any) -> str | None:
     in-process executor); MIRRORED where the engine's worker process has said, with a sampled
     output, that it handles them with mirrors of the grammars (and no reasoning parser shifts where
     the grammar starts); None elsewhere: vLLM's fill."""
-    config = manager.vllm_config
-    if not _one_cpu_worker(config):
+    why_not = _why_not_one_cpu_worker(manager.vllm_config)
+    if why_not is not None:
         if not manager.__dict__.get(_OFF_LOGGED_KEY):  # once per engine: the operation is off, and why
             manager.__dict__[_OFF_LOGGED_KEY] = True
             logger.info("logitgate sample_first: off in this engine (%s); rows are masked before sampling, as vLLM does",
-                        _why_not_one_cpu_worker(config))
+                        why_not)
         return None
     if any(_runner_handles_deferred(runner) for runner in list(_runners)):
         return LOCAL
