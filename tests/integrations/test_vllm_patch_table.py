@@ -222,7 +222,7 @@ def fake_vllm(monkeypatch):
 def _snapshot(rows):
     out = {}
     for row in rows:
-        owner, _ = patching.owner_of(row)
+        owner = patching.owner_of(row)
         out[row.name] = (owner.__dict__.get(row.attr, "<inherited>"), getattr(owner, row.attr))
     return out
 

@@ -20,7 +20,7 @@ VLLM_ROWS = [row for row in patches.PATCHES if row.optional_package is None]
 
 @pytest.mark.parametrize("row", VLLM_ROWS, ids=lambda row: f"{row.name}{'(write)' if row.is_write else ''}")
 def test_every_row_resolves_by_import(row):
-    owner, _ = patching.owner_of(row)  # front-end-only modules (beam search) imported here on purpose
+    owner = patching.owner_of(row)  # front-end-only modules (beam search) imported here on purpose
     if row.is_write and not row.vllm_attr:
         assert isinstance(owner, type), row.name
     elif row.is_write:
@@ -33,7 +33,7 @@ def _snapshot():
     out = {}
     for row in VLLM_ROWS:
         if not row.is_write:
-            owner, _ = patching.owner_of(row)
+            owner = patching.owner_of(row)
             out[row.name] = (owner.__dict__.get(row.attr, "<inherited>"), getattr(owner, row.attr))
     return out
 

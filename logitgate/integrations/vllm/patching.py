@@ -90,11 +90,11 @@ def _original_of(value: Any) -> Any:
     return namespace.get("__logitgate_original__") if isinstance(namespace, dict) else None
 
 
-def owner_of(row: Patch) -> tuple[Any, Any]:
-    """(object holding the attribute, its module); imports the module."""
+def owner_of(row: Patch) -> Any:
+    """The object holding the row's attribute (its module, or a class in it); imports the module."""
     module_name, _, class_name = row.owner_path.partition(":")
     module = importlib.import_module(module_name)
-    return (getattr(module, class_name) if class_name else module), module
+    return getattr(module, class_name) if class_name else module
 
 
 def _assigned_in_source(cls: type, attr: str) -> bool | None:
@@ -163,7 +163,7 @@ def install(targets: Iterable[Patch], selected: Iterable[str]) -> list[str]:
         if row.op not in chosen or _skipped(row):
             continue
         try:
-            owner, _ = owner_of(row)
+            owner = owner_of(row)
             if row.is_write:
                 if row.vllm_attr and not has_attribute(owner, row.attr):
                     raise AttributeError(f"{row.owner_path} has no attribute {row.attr!r}")
@@ -192,7 +192,7 @@ def installed(targets: Iterable[Patch]) -> dict[str, Any]:
         if row.is_write or row.module_name not in sys.modules:
             continue
         try:
-            owner, _ = owner_of(row)
+            owner = owner_of(row)
         except Exception:  # noqa: BLE001 - a class this vLLM lacks holds no replacement
             continue
         value = getattr(owner, row.attr, None)
@@ -209,7 +209,7 @@ def uninstall(targets: Iterable[Patch]) -> list[str]:
     for name, value in installed(rows.values()).items():
         saved = _saved.pop(name, None)
         if saved is None:  # replaced by an earlier copy of this module: the original rides on the replacement
-            saved = (owner_of(rows[name])[0], rows[name].attr, True, _original_of(value))
+            saved = (owner_of(rows[name]), rows[name].attr, True, _original_of(value))
         owner, attr, own, raw = saved
         if own:
             setattr(owner, attr, raw)
