@@ -1,4 +1,4 @@
-"""The `sample_first` operation (sample_first.py), piece by piece against vLLM's real classes
+"""The `sample_first` operation (the sample_first/ package), piece by piece against vLLM's real classes
 (SamplingParams, StructuredOutputManager with logitgate's tree grammars, xgrammar's apply): which
 rows the manager defers and when; that a deferred row always ends as the masked argmax (greedy,
 ties included) or as an exact draw from the masked distribution (chi-square, alpha 1e-6), through
@@ -66,7 +66,7 @@ def runner_class():
     """GPUModelRunner's two methods and vLLM's Sampler.sample, reduced to what they do here:
     sample_tokens -> _sample -> sampler forward -> Sampler.sample (greedy argmax, or a draw from
     softmax(logits / T), in place on the logits as vLLM's temperature is)."""
-    from logitgate.integrations.vllm import sample_first as sf
+    from logitgate.integrations.vllm.sample_first import worker as sf
 
     def original_sample(self, logits, metadata):
         greedy = logits.argmax(dim=1)
@@ -149,9 +149,9 @@ def test_a_forced_row_fills_its_mask_instead_of_searching():
 
 
 def test_candidates_past_the_limit_fill_the_mask(monkeypatch):
-    from logitgate.integrations.vllm import sample_first
+    from logitgate.integrations.vllm.sample_first import redraw
 
-    monkeypatch.setattr(sample_first, "CANDIDATES", 4)
+    monkeypatch.setattr(redraw, "CANDIDATES", 4)
     logits = torch.arange(64, dtype=torch.float32).flip(0).unsqueeze(0)
     grammar = AllowedSet({40})
     assert sample(make_runner(logits, [0.0]), [grammar], [0.0]) == [40]
@@ -168,9 +168,9 @@ def test_sampled_rows_follow_the_masked_distribution(monkeypatch, attempts, peak
     probabilities must be recomputed before anything allowed can be drawn."""
     from scipy import stats
 
-    from logitgate.integrations.vllm import sample_first
+    from logitgate.integrations.vllm.sample_first import redraw
 
-    monkeypatch.setattr(sample_first, "ATTEMPTS", attempts)
+    monkeypatch.setattr(redraw, "ATTEMPTS", attempts)
     torch.manual_seed(0)
     vocab, rows, rounds, temperature = 40, 16, 400, 0.8
     row = torch.randn(vocab) * 1.5
@@ -273,7 +273,7 @@ def tree_manager():
     def build(device="cpu", world_size=1, num_spec=0, temperatures=(0.0, 0.0, 0.7)):
         from vllm.v1.structured_output import StructuredOutputManager
 
-        from logitgate.integrations.vllm.sample_first import grammar_bitmask_replacement
+        from logitgate.integrations.vllm.sample_first.scheduler import grammar_bitmask_replacement
 
         manager = manager_for(num_spec)
         manager.vllm_config.device_config = SimpleNamespace(device_type=device)
@@ -293,10 +293,10 @@ def tree_manager():
 
 
 def test_the_manager_defers_only_while_a_runner_here_checks_the_rows(tree_manager):
-    from logitgate.integrations.vllm import sample_first
+    from logitgate.integrations.vllm.sample_first import layout
 
     fill, manager, reqs = tree_manager()
-    sample_first._runners.clear()  # stand-in runners of earlier tests
+    layout.runners.clear()  # stand-in runners of earlier tests
     plain = fill()
     assert not getattr(plain, "deferred", None)  # no runner sampled in this process yet
     runner = make_runner(torch.zeros(1, 48), [0.0])
@@ -310,7 +310,7 @@ def test_the_manager_defers_only_while_a_runner_here_checks_the_rows(tree_manage
     del runner
     gc.collect()
     assert not getattr(fill(), "deferred", None)  # the runner is gone: nobody would check
-    assert not list(sample_first._runners)
+    assert not list(layout.runners)
 
 
 @pytest.mark.parametrize("change, reason", [({"device": "cuda"}, "the device is cuda, not the CPU"),
@@ -383,17 +383,18 @@ def test_the_manager_ships_accepted_tokens_to_a_worker_that_mirrors(tree_manager
     """Across processes (no runner here), the manager defers only after the worker's output said
     it mirrors grammars, only rows past their first token, and ships each row's output tokens once,
     from where the last shipment ended."""
-    from logitgate.integrations.vllm import sample_first
+    from logitgate.integrations.vllm.sample_first import layout
+    from logitgate.integrations.vllm.sample_first import scheduler as sf_scheduler
 
-    sample_first._runners.clear()
+    layout.runners.clear()
     gc.collect()
     fill, manager, reqs = tree_manager()
     for req in reqs.values():
         req.append_output_token_ids(12)
     assert not getattr(fill(), "deferred", None)  # the worker has not said it mirrors
-    update = sample_first.update_from_output_replacement(lambda self, so, out: "updated", "update_from_output")
+    update = sf_scheduler.update_from_output_replacement(lambda self, so, out: "updated", "update_from_output")
     scheduler = SimpleNamespace(structured_output_manager=manager)
-    assert update(scheduler, None, SimpleNamespace(**{sample_first.WORKER_MIRRORS: True})) == "updated"
+    assert update(scheduler, None, SimpleNamespace(**{sf_scheduler.WORKER_MIRRORS: True})) == "updated"
     out = fill()
     assert out.deferred == {"r0": (None, 0.0, 0, (12,)), "r1": (None, 0.0, 0, (12,))}
     for req in reqs.values():
@@ -425,7 +426,8 @@ def test_a_worker_checks_rows_with_its_mirrors_advanced_by_the_shipped_tokens():
     """The worker builds the tree's grammar itself, takes in the tokens the scheduler shipped, and
     settles the rows under it exactly as under the scheduler's own grammar; a shipment that does
     not continue what the mirror took in is refused."""
-    from logitgate.integrations.vllm import sample_first, tree_route
+    from logitgate.integrations.vllm import tree_route
+    from logitgate.integrations.vllm.sample_first import scheduler as sf_scheduler
     from test_tree_route import V
 
     tree_route.install()
@@ -436,7 +438,7 @@ def test_a_worker_checks_rows_with_its_mirrors_advanced_by_the_shipped_tokens():
     width = (V + 31) // 32
     first = runner.sample_tokens(mirrored_output({"r0": (None, 0.0, 0, ())}, width))
     assert first.sampled_token_ids[0, 0] == 12  # the root allows 10, 11, 12
-    assert getattr(first, sample_first.WORKER_MIRRORS) is True
+    assert getattr(first, sf_scheduler.WORKER_MIRRORS) is True
     second = runner.sample_tokens(mirrored_output({"r0": (None, 0.0, 0, (12,))}, width))
     assert second.sampled_token_ids[0, 0] == 16  # after 12 only 16
     with pytest.raises(RuntimeError, match="has taken 1 tokens, the scheduler's 5"):
@@ -446,10 +448,10 @@ def test_a_worker_checks_rows_with_its_mirrors_advanced_by_the_shipped_tokens():
 
 
 def test_a_row_left_for_mirrors_never_reaches_a_worker_without_them():
-    from logitgate.integrations.vllm import sample_first
+    from logitgate.integrations.vllm.sample_first import scheduler as sf_scheduler
     from test_tree_route import V
 
     runner = make_runner(torch.zeros(1, V), [0.0])  # no vllm_config: this runner cannot mirror
-    assert not hasattr(runner.sample_tokens(mirrored_output({}, (V + 31) // 32)), sample_first.WORKER_MIRRORS)
+    assert not hasattr(runner.sample_tokens(mirrored_output({}, (V + 31) // 32)), sf_scheduler.WORKER_MIRRORS)
     with pytest.raises(RuntimeError, match="keeps no grammar mirrors"):
         runner.sample_tokens(mirrored_output({"r0": (None, 0.0, 0, ())}, (V + 31) // 32))

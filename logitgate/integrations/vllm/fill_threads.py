@@ -1,7 +1,7 @@
 """Threads for grammar-bitmask fills in a vLLM process: xgrammar's fill releases the GIL, so
 fills of different requests run in parallel. `cores()` sizes the scheduler manager's pool
 (fill_ahead.py, which vLLM shuts down with the manager); `pool()` serves the worker's fills of
-rejected rows (sample_first.py) for the life of the process."""
+rejected rows (sample_first/redraw.py) for the life of the process."""
 from __future__ import annotations
 
 import os

