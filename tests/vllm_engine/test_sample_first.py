@@ -1,37 +1,38 @@
-"""The `sample_first` operation (the sample_first/ package), piece by piece against vLLM's real classes
-(SamplingParams, StructuredOutputManager with logitgate's tree grammars, xgrammar's apply): which
-rows the manager defers and when; that a deferred row always ends as the masked argmax (greedy,
-ties included) or as an exact draw from the masked distribution (chi-square, alpha 1e-6), through
-both ways a rejected row is settled (the best candidates, the filled mask); that the worker fills
-every deferred row itself where it cannot vouch for them. The real engine runs it in
-test_engine_ops.py (identical greedy JSON outputs) and test_vllm_engine.py (sampled tree paths
-against the exact tree-masked distribution)."""
+"""The `sample_first` operation (the sample_first/ package) against vLLM's real classes, without an
+engine: the worker's side through a stand-in runner around the three replacements (accepted rows
+keep their draws, rejected ones are settled under their grammar, batches the worker cannot vouch
+for are masked before sampling, every row's outcome reported), and the scheduler's side with real
+xgrammar and llguidance grammars over the real Llama-3 tokenizer: which rows a step leaves unfilled,
+the bitmask width of each backend, and the protocol across processes (the worker mirrors a request
+in the scheduler's backend once asked, says when it is ready, and only then gets its rows; a mirror
+that fails or falls out of step costs that request its deferral, never the engine). The real
+engines run it in test_engine_ops.py, test_hostile_server.py and test_sample_first_served.py."""
 from __future__ import annotations
 
 import gc
 import math
+import pickle
+import time
+from concurrent.futures import Future, wait
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from ops_helpers import needs_vllm_cpu
-from test_tree_route import CONFIG, init_grammar, manager_for, request
 
 pytestmark = needs_vllm_cpu
+
+V = 128256  # the Llama-3 tokenizer's
 
 
 class AllowedSet:
     """A grammar of vLLM's interface that allows a fixed set of tokens at every step."""
 
-    def __init__(self, allowed, forced=False):
+    def __init__(self, allowed):
         self.allowed = set(allowed)
         self.fills = self.checks = 0
-        if forced:  # xgrammar's matcher, where the next characters are forced
-            self.matcher = SimpleNamespace(find_jump_forward_string=lambda: '"')
 
     def validate_tokens(self, tokens):
         self.checks += 1
@@ -85,7 +86,16 @@ def runner_class():
         return SimpleNamespace(sampled_token_ids=tokens.to(torch.int32).unsqueeze(1), req_ids=list(self.input_batch.req_id_to_index))
 
     def original_sample_tokens(self, grammar_output):
-        return self._sample(self.logits.clone(), self.spec)
+        logits = self.logits.clone()
+        if grammar_output is not None:  # vLLM's apply_grammar_bitmask: the rows the scheduler filled
+            from vllm.v1.structured_output import utils
+
+            index = self.input_batch.req_id_to_index
+            rows = [index[req_id] for req_id in grammar_output.structured_output_request_ids]
+            packed = torch.full((logits.shape[0], np.asarray(grammar_output.grammar_bitmask).shape[1]), -1, dtype=torch.int32)
+            packed[rows] = torch.from_numpy(np.asarray(grammar_output.grammar_bitmask))
+            utils.xgr.apply_token_bitmask_inplace(logits, packed, indices=rows)
+        return self._sample(logits, self.spec)
 
     return type("StandInRunner", (), {
         "sample_tokens": sf.sample_tokens_replacement(original_sample_tokens, "sample_tokens"),
@@ -107,107 +117,57 @@ def make_runner(logits, temperatures, spec=None):
     return runner
 
 
-def deferred_output(grammars, temperatures, width):
+def deferred_output(entries, width, mirror=None):
     from logitgate.integrations.vllm.sample_first import DeferredRows
 
-    deferred = {f"r{i}": (g, t, 0, ()) for i, (g, t) in enumerate(zip(grammars, temperatures)) if g is not None}
-    return SimpleNamespace(grammar_bitmask=DeferredRows.wrap(np.full((len(deferred), width), -1, np.int32), deferred))
+    return grammar_output(list(entries), DeferredRows.wrap(np.full((len(entries), width), -1, np.int32), entries, mirror))
+
+
+def grammar_output(ids, bitmask):
+    from vllm.v1.core.sched.output import GrammarOutput
+
+    return GrammarOutput(structured_output_request_ids=ids, grammar_bitmask=bitmask)
 
 
 def sample(runner, grammars, temperatures):
     width = math.ceil(runner.logits.shape[1] / 32)
-    return runner.sample_tokens(deferred_output(grammars, temperatures, width)).sampled_token_ids[:, 0].tolist()
+    entries = {f"r{i}": (g, t, 0, ()) for i, (g, t) in enumerate(zip(grammars, temperatures)) if g is not None}
+    return runner.sample_tokens(deferred_output(entries, width)).sampled_token_ids[:, 0].tolist()
 
 
-# ---- greedy rows: the masked argmax, ties to the lowest id ----
+def report_of(output):
+    from logitgate.integrations.vllm.sample_first.scheduler import REPORT
+
+    return getattr(output, REPORT)
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.data())
-def test_greedy_rows_end_as_the_masked_argmax(data):
-    rows = data.draw(st.integers(1, 6))
-    vocab = data.draw(st.integers(33, 150))
-    # Small integer logits: ties everywhere, the case where the tie rule shows.
-    values = data.draw(st.lists(st.integers(-4, 4), min_size=rows * vocab, max_size=rows * vocab))
-    logits = torch.tensor(values, dtype=torch.float32).view(rows, vocab)
-    grammars = [
-        AllowedSet(data.draw(st.sets(st.integers(0, vocab - 1), min_size=1, max_size=vocab)), forced=data.draw(st.booleans()))
-        for _ in range(rows)
-    ]
-    tokens = sample(make_runner(logits, [0.0] * rows), grammars, [0.0] * rows)
-    for row, grammar in enumerate(grammars):
-        assert tokens[row] == int(masked(logits[row], grammar.allowed).argmax()), row
+# ---- the worker: accepted rows keep their draws, rejected ones are settled, all reported ----
 
 
-def test_a_forced_row_fills_its_mask_instead_of_searching():
-    logits = torch.arange(64, dtype=torch.float32).flip(0).unsqueeze(0)  # token 0 best, 63 worst
-    searched, forced = AllowedSet({5}), AllowedSet({5}, forced=True)
-    assert sample(make_runner(logits, [0.0]), [searched], [0.0]) == [5]
-    assert (searched.fills, searched.checks) == (0, 7)  # the first pass, then candidates 0..5
-    assert sample(make_runner(logits, [0.0]), [forced], [0.0]) == [5]
-    assert (forced.fills, forced.checks) == (1, 1)
-
-
-def test_candidates_past_the_limit_fill_the_mask(monkeypatch):
-    from logitgate.integrations.vllm.sample_first import redraw
-
-    monkeypatch.setattr(redraw, "CANDIDATES", 4)
-    logits = torch.arange(64, dtype=torch.float32).flip(0).unsqueeze(0)
-    grammar = AllowedSet({40})
-    assert sample(make_runner(logits, [0.0]), [grammar], [0.0]) == [40]
-    assert grammar.fills == 1
-
-
-# ---- sampled rows: exact draws from the masked distribution ----
-
-
-@pytest.mark.parametrize("attempts, peaked", [(8, False), (0, False), (8, True)])
-def test_sampled_rows_follow_the_masked_distribution(monkeypatch, attempts, peaked):
-    """attempts 0: every redraw goes through the filled mask. peaked: nearly all the mass sits on two
-    disallowed tokens, so after the first is ruled out the second holds what is left, and the row's
-    probabilities must be recomputed before anything allowed can be drawn."""
-    from scipy import stats
-
-    from logitgate.integrations.vllm.sample_first import redraw
-
-    monkeypatch.setattr(redraw, "ATTEMPTS", attempts)
-    torch.manual_seed(0)
-    vocab, rows, rounds, temperature = 40, 16, 400, 0.8
-    row = torch.randn(vocab) * 1.5
-    row[3] = 4.0  # the likeliest token is not allowed: about half the first draws are rejected
-    if peaked:
-        row[3], row[4] = 40.0, 25.0
-    allowed = {0, 5, 6, 11, 17, 22, 23, 30, 38}
-    grammars = [AllowedSet(allowed) for _ in range(rows)]
-    counts = dict.fromkeys(range(vocab), 0)
-    for _ in range(rounds):
-        runner = make_runner(row.repeat(rows, 1), [temperature] * rows)
-        for token in sample(runner, grammars, [temperature] * rows):
-            counts[token] += 1
-    assert set(t for t, c in counts.items() if c) <= allowed
-    probs = masked(row / temperature, allowed).double().softmax(0)
-    tokens = sorted(allowed)
-    observed = [counts[t] for t in tokens]
-    expected = [float(probs[t]) / float(probs[tokens].sum()) * rows * rounds for t in tokens]
-    assert stats.chisquare(observed, expected).pvalue > 1e-6, list(zip(observed, expected))
-    fills, checks = sum(g.fills for g in grammars), sum(g.checks for g in grammars)
-    rejected_first = fills if attempts == 0 else checks - rows * rounds  # at least one check per redraw
-    assert rejected_first > rows * rounds / (1.1 if peaked else 4)  # the redraw path carried them
-    if attempts:
-        assert fills < rows * rounds / 50  # the draws without rejected tokens almost always found one
-
-
-def test_mixed_batch_keeps_other_rows_and_their_draws():
+def test_mixed_batch_keeps_other_rows_and_reports_each_deferred_row():
     logits = torch.randn(4, 64)
+    logits[2, 1] = 30.0  # row 2's first draw is token 1: allowed
     grammars = [AllowedSet({7, 9}), None, AllowedSet({1}), None]  # rows 1 and 3 are not deferred
     runner = make_runner(logits, [0.0, 0.0, 1.0, 0.0])
-    tokens = sample(runner, grammars, [0.0, 0.0, 1.0, 0.0])
+    width = math.ceil(64 / 32)
+    entries = {"r0": (grammars[0], 0.0, 0, ()), "r2": (grammars[2], 1.0, 0, ())}
+    output = runner.sample_tokens(deferred_output(entries, width))
+    tokens = output.sampled_token_ids[:, 0].tolist()
     assert tokens[0] == int(masked(logits[0], {7, 9}).argmax())
     assert tokens[1] == int(logits[1].argmax()) and tokens[3] == int(logits[3].argmax())
     assert tokens[2] == 1
+    outcomes = report_of(output).outcomes
+    assert outcomes["r2"].how == "accepted"
+    assert outcomes["r0"].how == ("accepted" if int(logits[0].argmax()) in {7, 9} else "redrawn")
+    assert all(o.seconds >= 0 for o in outcomes.values())
 
 
-# ---- where the worker cannot vouch: every deferred row is filled before sampling ----
+def test_a_rejected_greedy_row_is_settled_among_its_best_keys():
+    logits = torch.arange(64, dtype=torch.float32).flip(0).unsqueeze(0)  # token 0 best
+    grammar = AllowedSet({5})
+    output = make_runner(logits, [0.0]).sample_tokens(deferred_output({"r0": (grammar, 0.0, 0, ())}, 2))
+    assert output.sampled_token_ids[0, 0] == 5 and grammar.fills == 0
+    assert report_of(output).outcomes["r0"].how == "redrawn"
 
 
 def test_speculative_batches_are_masked_before_sampling():
@@ -229,16 +189,20 @@ def test_an_argmax_invariant_processor_that_is_not_vllms_makes_the_worker_fill()
     assert grammar.fills == 1 and grammar.checks == 0
 
 
-def test_a_sampler_that_skips_sampler_sample_fails_loudly():
+def test_a_sampler_that_skips_sampler_sample_costs_the_row_not_the_engine():
+    """The row cannot be drawn again (no processed logits): it is reported unchecked, keeps its
+    draw for the scheduler's grammar to refuse (that request alone ends with vLLM's error), and the
+    runner fills deferred rows before sampling from then on."""
     logits = torch.zeros(1, 64)
     logits[0, 3] = 5.0
     runner = make_runner(logits, [0.0])
     runner.sampler.sample = lambda logits, metadata: logits.argmax(dim=1)  # bypasses the kept logits
-    with pytest.raises(RuntimeError, match=r"rows \[0\] cannot be drawn again"):
-        sample(runner, [AllowedSet({9})], [0.0])
-
-
-# ---- the manager: which rows are left unfilled, and only where a runner here checks them ----
+    grammar = AllowedSet({9})
+    output = runner.sample_tokens(deferred_output({"r0": (grammar, 0.0, 0, ())}, 2))
+    assert output.sampled_token_ids[0, 0] == 3
+    outcome = report_of(output).outcomes["r0"]
+    assert outcome.how == "unchecked" and "did not pass through Sampler.sample" in outcome.why
+    assert sample(runner, [grammar], [0.0]) == [9] and grammar.fills == 1  # masked first now
 
 
 def params(**kwargs):
@@ -264,194 +228,355 @@ def test_which_sampling_parameters_sample_first(kwargs, defers):
     assert row_can_sample_first(params(**kwargs)) is defers
 
 
+# ---- real grammars: vLLM's manager with xgrammar or llguidance over the Llama-3 tokenizer ----
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}}, "required": ["name"]}
+
+
+def real_config(device="cpu", world_size=1, num_spec=0):
+    return SimpleNamespace(
+        parallel_config=SimpleNamespace(distributed_executor_backend="mp", world_size=world_size),
+        scheduler_config=SimpleNamespace(max_num_seqs=8, async_scheduling=False),
+        model_config=SimpleNamespace(skip_tokenizer_init=False, get_vocab_size=lambda: V, is_diffusion=False,
+                                     hf_config=SimpleNamespace(model_type="llama")),
+        structured_outputs_config=SimpleNamespace(enable_in_reasoning=False, reasoning_parser="", reasoning_parser_plugin="",
+                                                  disable_any_whitespace=True, disable_additional_properties=False),
+        device_config=SimpleNamespace(device_type=device),
+        speculative_config=None,
+        num_speculative_tokens=num_spec,
+    )
+
+
 @pytest.fixture()
-def tree_manager():
-    from logitgate.integrations.vllm import tree_route
+def tokenizer(monkeypatch):
+    """vLLM's managers (the scheduler's here, and the worker's mirrors) load the real Llama-3
+    tokenizer, from logitgate's offline vocabularies."""
+    import vllm.v1.structured_output as structured_output
 
-    tree_route.install()
+    from tests.helpers.real_tokenizers import real_tokenizer
 
-    def build(device="cpu", world_size=1, num_spec=0, temperatures=(0.0, 0.0, 0.7)):
+    tok = real_tokenizer("llama3")
+    monkeypatch.setattr(structured_output, "cached_tokenizer_from_config", lambda model_config: tok)
+    return tok
+
+
+def real_request(req_id, backend, temperature=0.0, **structured):
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.v1.request import Request
+
+    params = SamplingParams(max_tokens=16, temperature=temperature,
+                            structured_outputs=StructuredOutputsParams(**(structured or {"json": SCHEMA})))
+    params.structured_outputs._backend = backend  # what vLLM's front end sets
+    return Request(req_id, [1, 2, 3], params, None)
+
+
+def ready(manager, req):
+    manager.grammar_init(req)
+    grammar = req.structured_output_request._grammar
+    if isinstance(grammar, Future):
+        wait([grammar])
+    return req
+
+
+class Scheduler:
+    """The scheduler's side of one engine: vLLM's manager with both replacements."""
+
+    def __init__(self, backend, **config):
         from vllm.v1.structured_output import StructuredOutputManager
 
-        from logitgate.integrations.vllm.sample_first.scheduler import grammar_bitmask_replacement
+        from logitgate.integrations.vllm.sample_first import layout
+        from logitgate.integrations.vllm.sample_first.scheduler import (
+            grammar_bitmask_replacement,
+            update_from_output_replacement,
+        )
 
-        manager = manager_for(num_spec)
-        manager.vllm_config.device_config = SimpleNamespace(device_type=device)
-        manager.vllm_config.parallel_config.world_size = world_size
-        reqs = {}
-        for i, temperature in enumerate(temperatures):
-            req = request(f"r{i}", {"tree_decode": CONFIG})
-            req.sampling_params.temperature = temperature
-            if i == 2:
-                req.sampling_params.top_p = 0.5  # not deferred
-            init_grammar(manager, req)
-            reqs[req.request_id] = req
-        replacement = grammar_bitmask_replacement(StructuredOutputManager.grammar_bitmask, "grammar_bitmask")
-        return lambda: replacement(manager, reqs, list(reqs), {}), manager, reqs
+        layout.runners.clear()  # stand-in runners of other tests would make this engine "local"
+        gc.collect()
+        self.manager = StructuredOutputManager(real_config(**config))
+        self.backend = backend
+        self.requests = {}
+        self._fill = grammar_bitmask_replacement(StructuredOutputManager.grammar_bitmask, "grammar_bitmask")
+        self._update = update_from_output_replacement(lambda self, so, out: None, "update_from_output")
 
-    return build
+    def add(self, req_id, temperature=0.0, prefix="", **structured):
+        """A request, its grammar compiled; `prefix`: output it has already produced (and its
+        grammar accepted), e.g. '{"name":"' to start inside a string, past the forced key."""
+        from tests.helpers.real_tokenizers import real_tokenizer
+
+        req = self.requests[req_id] = ready(self.manager, real_request(req_id, self.backend, temperature, **structured))
+        for token in real_tokenizer("llama3").encode(prefix, add_special_tokens=False):
+            assert req.structured_output_request.grammar.accept_tokens(req_id, [token])
+            req.append_output_token_ids(token)
+        return req
+
+    def fill(self):
+        return self._fill(self.manager, self.requests, list(self.requests), {})
+
+    def update(self, output):
+        self._update(SimpleNamespace(structured_output_manager=self.manager, requests=self.requests), None, output)
+
+    @property
+    def state(self):
+        from logitgate.integrations.vllm.sample_first.scheduler import engine_state
+
+        return engine_state(self.manager)
 
 
-def test_the_manager_defers_only_while_a_runner_here_checks_the_rows(tree_manager):
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_a_step_of_only_deferred_rows_takes_its_width_from_the_grammar_backend(tokenizer, backend):
+    """Issue 30.2: llguidance sizes its bitmask by the tokenizer (128257 tokens here: one word more
+    than the model's 128256 logits); a bitmask sized by the model killed the engine."""
     from logitgate.integrations.vllm.sample_first import layout
 
-    fill, manager, reqs = tree_manager()
-    layout.runners.clear()  # stand-in runners of earlier tests
-    plain = fill()
-    assert not getattr(plain, "deferred", None)  # no runner sampled in this process yet
-    runner = make_runner(torch.zeros(1, 48), [0.0])
-    runner.sample_tokens(None)  # a runner with both replacements samples here
-    out = fill()
-    assert set(out.deferred) == {"r0", "r1"}
-    assert out.deferred["r0"] == (reqs["r0"].structured_output_request.grammar, 0.0, 0, ())
-    np.testing.assert_array_equal(out[:2], -1)  # deferred rows: all-ones, unfilled
-    np.testing.assert_array_equal(out[2], plain[2])  # the top-p row: vLLM's fill
-    assert not out[:1].deferred  # a slice or copy is a plain bitmask
+    scheduler = Scheduler(backend)
+    scheduler.add("r0", prefix='{"name":"')
+    runner = make_runner(torch.zeros(1, 8), [0.0])
+    runner.sample_tokens(None)  # a runner with both replacements samples in this process: "local"
+    out = scheduler.fill()
+    assert set(out.deferred) == {"r0"}
+    assert out.shape[1] == scheduler.manager.backend.allocate_token_bitmask(1).shape[1]
+    expected = (len(tokenizer) + 31) // 32 if backend == "guidance" else (V + 31) // 32
+    assert out.shape[1] == expected
+    grammar = scheduler.requests["r0"].structured_output_request.grammar
+    from logitgate.integrations.vllm.sample_first.redraw import fill_masks
+
+    fill_masks([grammar], out.shape[1])  # the grammar fills a row of that width without complaint
     del runner
-    gc.collect()
-    assert not getattr(fill(), "deferred", None)  # the runner is gone: nobody would check
-    assert not list(layout.runners)
+    layout.runners.clear()
+
+
+def test_rows_in_a_forced_state_and_rows_that_cannot_sample_first_are_filled(tokenizer):
+    from logitgate.integrations.vllm.sample_first import layout
+
+    scheduler = Scheduler("xgrammar")
+    scheduler.add("free", prefix='{"name":"')
+    scheduler.add("forced")  # at the start '{"name":"' is forced
+    scheduler.add("top_p", temperature=0.7, prefix='{"name":"')
+    scheduler.requests["top_p"].sampling_params.top_p = 0.5
+    runner = make_runner(torch.zeros(1, 8), [0.0])
+    runner.sample_tokens(None)
+    out = scheduler.fill()
+    assert set(out.deferred) == {"free"}
+    np.testing.assert_array_equal(out[0], -1)
+    assert (out[1] != -1).any() and (out[2] != -1).any()  # vLLM's fill
+    del runner
+    layout.runners.clear()
+
+
+def test_tree_rows_are_filled_first(tokenizer):
+    from logitgate.integrations.vllm.tree_grammar import TreeOutputGrammar
+
+    assert TreeOutputGrammar.samples_first is False  # the scheduler reads this (scheduler._candidate)
 
 
 @pytest.mark.parametrize("change, reason", [({"device": "cuda"}, "the device is cuda, not the CPU"),
                                             ({"world_size": 2}, "world size 2"),
                                             ({"num_spec": 2}, "speculative decoding")])
-def test_no_deferral_off_the_cpu_across_processes_or_with_drafts(tree_manager, change, reason, caplog):
-    """Off, and the engine's log says so once, with the reason (issue 21: a speed operation either
-    works or switches itself off with a log line)."""
-    runner = make_runner(torch.zeros(1, 48), [0.0])
+def test_no_deferral_off_the_cpu_across_processes_or_with_drafts(tokenizer, change, reason, caplog):
+    """Off, and the engine's log says so once, with the reason."""
+    scheduler = Scheduler("xgrammar", **change)
+    scheduler.add("r0")
+    runner = make_runner(torch.zeros(1, 8), [0.0])
     runner.sample_tokens(None)
-    fill, _, _ = tree_manager(**change)
     with caplog.at_level("INFO", logger="vllm.logitgate.sample_first"):
-        assert not getattr(fill(), "deferred", None)
-        assert not getattr(fill(), "deferred", None)
+        assert not getattr(scheduler.fill(), "deferred", None)
+        assert not getattr(scheduler.fill(), "deferred", None)
     off = [r.getMessage() for r in caplog.records if "sample_first: off in this engine" in r.getMessage()]
     assert len(off) == 1 and reason in off[0], off
     del runner
 
 
-def test_a_manager_without_a_grammar_backend_defers_every_row(tree_manager):
-    """Issue 22.1: only tree requests, all deferrable: no xgrammar backend exists to ask for the
-    bitmask's width (it killed the engine); the width is ceil(V / 32)."""
-    fill, manager, _ = tree_manager(temperatures=(0.0, 0.0))
-    assert manager.backend is None
-    runner = make_runner(torch.zeros(1, 48), [0.0])
-    runner.sample_tokens(None)
-    out = fill()
-    assert set(out.deferred) == {"r0", "r1"}
-    assert out.shape == (2, (manager.vllm_config.model_config.get_vocab_size() + 31) // 32)
-    np.testing.assert_array_equal(out, -1)
-    del runner
-
-
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("forced", [False, True])
-def test_a_row_whose_allowed_tokens_are_all_banned_gets_what_the_masked_row_gives(temperature, forced):
-    """Issue 22.5: the logits operations (allowed_token_ids) left -inf on every token the grammar
-    allows. vLLM's masked row is all -inf and its sampler returns token 0; sampling first must not
-    emit a grammar-allowed token whose processed logit is -inf instead."""
-    logits = torch.full((1, 64), float("-inf"))
-    logits[0, 0], logits[0, 1] = 1.0, 2.0  # allowed_token_ids [0, 1]
-    grammar = AllowedSet({10, 11, 40}, forced=forced)
-    for _ in range(20):
-        assert sample(make_runner(logits, [temperature]), [grammar], [temperature]) == [0]
-
-
-# ---- across processes: the worker checks deferred rows with mirrors of the grammars ----
-
-
 def test_deferred_rows_travel_to_the_worker_process_with_their_entries():
-    import pickle
-
     from logitgate.integrations.vllm.sample_first import DeferredRows
 
-    rows = DeferredRows.wrap(np.arange(6, dtype=np.int32).reshape(2, 3), {"a": (None, 0.7, 3, (5, 6))})
+    rows = DeferredRows.wrap(np.arange(6, dtype=np.int32).reshape(2, 3), {"a": (None, 0.7, 3, (5, 6))}, {"b": "guidance"})
     back = pickle.loads(pickle.dumps(SimpleNamespace(grammar_bitmask=rows), protocol=5)).grammar_bitmask
-    assert type(back) is DeferredRows and back.deferred == {"a": (None, 0.7, 3, (5, 6))}
+    assert type(back) is DeferredRows and back.deferred == {"a": (None, 0.7, 3, (5, 6))} and back.mirror == {"b": "guidance"}
     np.testing.assert_array_equal(back, rows)
-    with pytest.raises(Exception):  # a scheduler's grammar object never crosses silently
-        pickle.dumps(DeferredRows.wrap(rows.copy(), {"a": (threading_lock(), 0.0, 0, ())}))
-
-
-def threading_lock():
+    assert not rows[:1].deferred and not rows[:1].mirror  # a slice or copy is a plain bitmask
     import threading
 
-    return threading.Lock()
+    with pytest.raises(Exception):  # a scheduler's grammar object never crosses silently
+        pickle.dumps(DeferredRows.wrap(rows.copy(), {"a": (threading.Lock(), 0.0, 0, ())}))
 
 
-def test_the_manager_ships_accepted_tokens_to_a_worker_that_mirrors(tree_manager):
-    """Across processes (no runner here), the manager defers only after the worker's output said
-    it mirrors grammars, only rows past their first token, and ships each row's output tokens once,
-    from where the last shipment ended."""
-    from logitgate.integrations.vllm.sample_first import layout
-    from logitgate.integrations.vllm.sample_first import scheduler as sf_scheduler
-
-    layout.runners.clear()
-    gc.collect()
-    fill, manager, reqs = tree_manager()
-    for req in reqs.values():
-        req.append_output_token_ids(12)
-    assert not getattr(fill(), "deferred", None)  # the worker has not said it mirrors
-    update = sf_scheduler.update_from_output_replacement(lambda self, so, out: "updated", "update_from_output")
-    scheduler = SimpleNamespace(structured_output_manager=manager)
-    assert update(scheduler, None, SimpleNamespace(**{sf_scheduler.WORKER_MIRRORS: True})) == "updated"
-    out = fill()
-    assert out.deferred == {"r0": (None, 0.0, 0, (12,)), "r1": (None, 0.0, 0, (12,))}
-    for req in reqs.values():
-        req.append_output_token_ids(16)
-    assert fill().deferred == {"r0": (None, 0.0, 1, (16,)), "r1": (None, 0.0, 1, (16,))}
-    assert fill().deferred == {"r0": (None, 0.0, 2, ()), "r1": (None, 0.0, 2, ())}
+# ---- across processes: asked, compiled in the scheduler's backend, reported ready, then deferred ----
 
 
-def mirror_runner(logits, reqs):
-    from test_tree_route import manager_for
+class WorkerRunner:
+    """A stand-in model runner in a worker process of its own: it samples, but not in the
+    scheduler's process (it leaves the in-process registry the scheduler reads after every call)."""
 
-    config = manager_for(0).vllm_config
-    config.device_config = SimpleNamespace(device_type="cpu")
-    config.parallel_config.world_size = 1
-    config.scheduler_config.async_scheduling = False
+    def __init__(self, runner):
+        self.runner = runner
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+    def sample_tokens(self, grammar_output):
+        from logitgate.integrations.vllm.sample_first import layout
+
+        try:
+            return self.runner.sample_tokens(grammar_output)
+        finally:
+            layout.runners.discard(self.runner)
+
+
+def worker_for(scheduler, logits):
+    """A stand-in worker process's runner: vLLM's config of the engine, the requests it runs."""
     runner = make_runner(logits, [0.0] * logits.shape[0])
-    runner.vllm_config = config
-    runner.requests = {req_id: SimpleNamespace(sampling_params=req.sampling_params) for req_id, req in reqs.items()}
-    return runner
+    runner.vllm_config = scheduler.manager.vllm_config
+    runner.requests = {req_id: SimpleNamespace(sampling_params=req.sampling_params) for req_id, req in scheduler.requests.items()}
+    runner.input_batch.req_id_to_index = {req_id: i for i, req_id in enumerate(scheduler.requests)}
+    return WorkerRunner(runner)
 
 
-def mirrored_output(entries, width):
-    from logitgate.integrations.vllm.sample_first import DeferredRows
+def step(scheduler, runner, advance=False):
+    """One engine step across the process boundary (the bitmask and the output are pickled); with
+    `advance`, the scheduler's grammars take the sampled tokens, as vLLM's update_from_output does."""
+    out = pickle.loads(pickle.dumps(grammar_output(list(scheduler.requests), scheduler.fill()), protocol=5))
+    output = pickle.loads(pickle.dumps(runner.sample_tokens(out), protocol=5))
+    scheduler.update(output)
+    if advance:
+        for req_id, req in scheduler.requests.items():
+            token = int(output.sampled_token_ids[runner.input_batch.req_id_to_index[req_id], 0])
+            assert req.structured_output_request.grammar.accept_tokens(req_id, [token])
+            req.append_output_token_ids(token)
+    return out.grammar_bitmask, output
 
-    return SimpleNamespace(grammar_bitmask=DeferredRows.wrap(np.full((len(entries), width), -1, np.int32), entries))
+
+def wait_ready(scheduler, runner, req_id, steps=200):
+    from logitgate.integrations.vllm.sample_first.scheduler import row_state
+
+    for _ in range(steps):
+        sent, output = step(scheduler, runner)
+        if row_state(scheduler.requests[req_id]).mirror in ("ready", "failed"):
+            return row_state(scheduler.requests[req_id]).mirror
+        time.sleep(0.02)
+    raise AssertionError("the mirror never settled")
 
 
-def test_a_worker_checks_rows_with_its_mirrors_advanced_by_the_shipped_tokens():
-    """The worker builds the tree's grammar itself, takes in the tokens the scheduler shipped, and
-    settles the rows under it exactly as under the scheduler's own grammar; a shipment that does
-    not continue what the mirror took in is refused."""
-    from logitgate.integrations.vllm import tree_route
-    from logitgate.integrations.vllm.sample_first import scheduler as sf_scheduler
-    from test_tree_route import V
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_a_mirror_is_compiled_in_the_schedulers_backend_and_gets_rows_only_once_ready(tokenizer, backend):
+    """Issue 30.1 and 30.5: the worker mirrors in the scheduler's backend, whatever the request
+    itself named, and the scheduler fills the row until the worker reports the mirror ready (no
+    step waits for a compile)."""
+    from logitgate.integrations.vllm.sample_first.scheduler import row_state
 
-    tree_route.install()
-    reqs = {"r0": request("r0", {"tree_decode": CONFIG})}
+    scheduler = Scheduler(backend)
+    req = scheduler.add("r0")
+    req.sampling_params.structured_outputs._backend = "xgrammar" if backend == "guidance" else "guidance"
+    runner = worker_for(scheduler, torch.zeros(1, V))
+    first = scheduler.fill()
+    assert not getattr(first, "deferred", None)  # the worker has not said it mirrors: vLLM's fill
+    step(scheduler, runner)  # the worker's first output says it keeps mirrors
+    assert scheduler.state.worker_mirrors
+    sent, _ = step(scheduler, runner)
+    assert sent.mirror == {"r0": backend} and not sent.deferred  # asked, filled meanwhile
+    assert wait_ready(scheduler, runner, "r0") == "ready"
+    mirror = runner.runner.__dict__["_logitgate_mirrors"]._mirrors["r0"][0]
+    assert type(mirror).__name__ == {"xgrammar": "XgrammarGrammar", "guidance": "GuidanceGrammar"}[backend]
+    assert row_state(req).mirror == "ready"
+
+
+def test_a_mirror_follows_the_shipped_tokens_and_rows_end_as_the_masked_argmax(tokenizer):
+    """Greedy rows checked by the mirror end as the scheduler's masked argmax, step after step,
+    with the tokens the scheduler accepted shipped to the mirror."""
+    scheduler = Scheduler("xgrammar")
+    req = scheduler.add("r0")
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, V, generator=generator)
+    runner = worker_for(scheduler, logits)
+    step(scheduler, runner)
+    wait_ready(scheduler, runner, "r0")
+    grammar = req.structured_output_request.grammar
+    deferred_steps = 0
+    for _ in range(8):
+        if grammar.is_terminated():
+            break
+        runner.runner.logits = torch.randn(1, V, generator=generator)
+        bitmask = torch.full((1, scheduler.manager.backend.allocate_token_bitmask(1).shape[1]), -1, dtype=torch.int32)
+        grammar.fill_bitmask(bitmask, 0)
+        from logitgate.structured.bitmask import token_ids_from_bitmask
+
+        allowed = token_ids_from_bitmask(bitmask, V)[0]
+        expected = allowed[int(runner.logits[0, allowed].argmax())]
+        sent, output = step(scheduler, runner, advance=True)
+        deferred_steps += bool(getattr(sent, "deferred", None))
+        assert int(output.sampled_token_ids[0, 0]) == expected
+    assert deferred_steps > 0
+
+
+def test_a_mirror_that_cannot_compile_is_reported_and_its_rows_stay_filled(tokenizer, caplog):
+    """Issue 30.1's variant: a grammar the worker cannot build (here: a backend the worker's manager
+    does not know) is reported failed and the request's rows stay with the scheduler."""
+    from logitgate.integrations.vllm.sample_first.scheduler import row_state
+
+    scheduler = Scheduler("xgrammar")
+    req = scheduler.add("r0")
+    runner = worker_for(scheduler, torch.zeros(1, V))
+    step(scheduler, runner)
+    out = scheduler.fill()
+    out.mirror["r0"] = "no-such-backend"  # as if the scheduler named a backend the worker cannot build
+    with caplog.at_level("WARNING", logger="vllm.logitgate.sample_first"):
+        scheduler.update(runner.sample_tokens(grammar_output(list(scheduler.requests), out)))
+    assert row_state(req).mirror == "failed"
+    assert any("could not mirror the grammar of request r0" in r.getMessage() for r in caplog.records)
+    for _ in range(3):
+        sent, _ = step(scheduler, runner)
+        assert not getattr(sent, "deferred", None) and not getattr(sent, "mirror", None)
+
+
+def test_a_mirror_out_of_step_costs_its_request_the_deferral_not_the_engine(tokenizer, caplog):
+    """A shipment that does not continue what the mirror took in (or a token it refuses): the row
+    keeps its unmasked draw for the scheduler's grammar to check, the error names the request, the
+    mirror is dropped and the request is never deferred again."""
+    from logitgate.integrations.vllm.sample_first.scheduler import row_state
+
+    scheduler = Scheduler("xgrammar")
+    req = scheduler.add("r0", prefix='{"name":"')
+    runner = worker_for(scheduler, torch.zeros(1, V))
+    step(scheduler, runner)
+    wait_ready(scheduler, runner, "r0")
+    out = scheduler.fill()
+    out.deferred["r0"] = (None, 0.0, 5, ())  # the mirror has taken 0 tokens
+    with caplog.at_level("ERROR", logger="vllm.logitgate.sample_first"):
+        scheduler.update(runner.sample_tokens(grammar_output(list(scheduler.requests), out)))
+    assert any("has taken 0 tokens, the scheduler's grammar 5" in r.getMessage() for r in caplog.records)
+    assert row_state(req).mirror == "failed"
+    assert "r0" not in runner.runner.__dict__["_logitgate_mirrors"]._mirrors
+    assert not getattr(scheduler.fill(), "deferred", None)
+
+
+def test_finished_requests_leave_the_worker_with_their_mirrors(tokenizer):
+    """Issue 30.3: a mirror lives as long as its request is in the model runner."""
+    scheduler = Scheduler("xgrammar")
+    for i in range(3):
+        scheduler.add(f"r{i}")
+    runner = worker_for(scheduler, torch.zeros(3, V))
+    step(scheduler, runner)
+    for req_id in list(scheduler.requests):
+        wait_ready(scheduler, runner, req_id)
+    mirrors = runner.runner.__dict__["_logitgate_mirrors"]
+    assert len(mirrors) == 3
+    del runner.requests["r0"], runner.requests["r1"]  # finished: vLLM's runner dropped them
+    runner.sample_tokens(None)
+    assert set(mirrors._mirrors) == {"r2"}
+
+
+def test_outcomes_teach_the_policy_and_a_rejecting_request_fills_first(tokenizer):
+    """A request whose deferred draws are rejected (its model always prefers a raw newline, which
+    no JSON string allows) soon stops being deferred; its rows are filled by the scheduler."""
+    scheduler = Scheduler("xgrammar")
+    scheduler.add("r0")
     logits = torch.zeros(1, V)
-    logits[0, 3], logits[0, 12], logits[0, 13], logits[0, 16] = 9.0, 5.0, 8.0, 1.0  # 3, then 13 not allowed
-    runner = mirror_runner(logits, reqs)
-    width = (V + 31) // 32
-    first = runner.sample_tokens(mirrored_output({"r0": (None, 0.0, 0, ())}, width))
-    assert first.sampled_token_ids[0, 0] == 12  # the root allows 10, 11, 12
-    assert getattr(first, sf_scheduler.WORKER_MIRRORS) is True
-    second = runner.sample_tokens(mirrored_output({"r0": (None, 0.0, 0, (12,))}, width))
-    assert second.sampled_token_ids[0, 0] == 16  # after 12 only 16
-    with pytest.raises(RuntimeError, match="has taken 1 tokens, the scheduler's 5"):
-        runner.sample_tokens(mirrored_output({"r0": (None, 0.0, 5, ())}, width))
-    with pytest.raises(RuntimeError, match="refused tokens"):
-        runner.sample_tokens(mirrored_output({"r0": (None, 0.0, 1, (10,))}, width))
-
-
-def test_a_row_left_for_mirrors_never_reaches_a_worker_without_them():
-    from logitgate.integrations.vllm.sample_first import scheduler as sf_scheduler
-    from test_tree_route import V
-
-    runner = make_runner(torch.zeros(1, V), [0.0])  # no vllm_config: this runner cannot mirror
-    assert not hasattr(runner.sample_tokens(mirrored_output({}, (V + 31) // 32)), sf_scheduler.WORKER_MIRRORS)
-    with pytest.raises(RuntimeError, match="keeps no grammar mirrors"):
-        runner.sample_tokens(mirrored_output({"r0": (None, 0.0, 0, ())}, (V + 31) // 32))
+    logits[0, tokenizer.encode("\n", add_special_tokens=False)[0]] = 10.0
+    runner = worker_for(scheduler, logits)
+    step(scheduler, runner)
+    wait_ready(scheduler, runner, "r0")
+    deferred = [bool(getattr(step(scheduler, runner, advance=True)[0], "deferred", None)) for _ in range(12)]
+    assert any(deferred) and sum(deferred) <= 4, deferred
+    totals = scheduler.state.totals
+    assert totals.get("rows_redrawn", 0) + totals.get("rows_filled", 0) == sum(deferred)
+    assert totals.get("rows_accepted", 0) == 0 and totals["rows_filled_scheduler"] > 0

@@ -30,6 +30,10 @@ _TREE_PARAMS_LABEL = "logitgate tree decode"
 class TreeOutputGrammar(StructuredOutputGrammar):
     """vLLM's StructuredOutputGrammar over one request's walk through a TreeDFA."""
 
+    # sample_first leaves a tree's rows to the scheduler: their fill is a copy of one CSR row,
+    # cheaper than the check (and the worker's mirror) that sampling first would need.
+    samples_first = False
+
     def __init__(self, walk: TreeGrammar) -> None:
         self.walk = walk
 

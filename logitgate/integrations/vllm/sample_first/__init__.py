@@ -1,21 +1,27 @@
 """Sample first, mask only what the grammar rejects: the `sample_first` operation.
 
-The package: this module (why it is exact, the rows that travel, which sampling parameters allow
-it), layout.py (the engines it runs in), scheduler.py (which rows the scheduler leaves unfilled),
-worker.py (sampling and checking them), redraw.py (choosing again under a grammar; no vLLM) and
-mirror.py (the worker's copies of the scheduler's grammars).
-
-On vLLM-CPU, filling a grammar bitmask is most of a structured-output step: inside a JSON string
-bounded by `maxLength`, xgrammar's matcher checks tens of thousands of tokens against the grammar
-for every fill (5-40 ms at a 128k vocabulary), while the sampled token is usually allowed. For a
-row that is greedy, or samples at a temperature with no top-k / top-p / min-p, the token drawn
-from the unmasked logits is a correct answer whenever the grammar accepts it:
+On vLLM-CPU, filling a grammar bitmask can be most of a structured-output step: inside a JSON
+string bounded by `maxLength`, xgrammar's matcher checks tens of thousands of tokens against the
+grammar for every fill (5-40 ms at a 128k vocabulary), while the sampled token is usually allowed.
+For a row that is greedy, or samples at a temperature with no top-k / top-p / min-p, the token
+drawn from the unmasked logits is the right answer whenever the grammar accepts it, and a rejected
+row can be settled exactly without filling its mask most of the time:
 
 - greedy: if the unmasked argmax t is allowed, it is the masked argmax (no allowed token has a
-  larger logit, and no token before t has the same one), so ties break as vLLM breaks them;
-- temperature only: a draw t ~ p kept when allowed, and otherwise replaced by a fresh draw from
-  the masked row, is distributed as p restricted to the allowed tokens A, renormalised:
-  P(t) = p(t) + (1 - p(A)) p(t) / p(A) = p(t) / p(A).
+  larger logit, and no token before t has the same one), so ties break as vLLM breaks them. A
+  rejected row checks its best tokens in order; the first allowed one is the masked argmax
+  (unless it ties with the last one looked at: an equal token may lie beyond, so the mask decides).
+- temperature only: the first draw t ~ p is kept when allowed. A rejected row takes a fresh
+  exponential race over the row: keys k_i = l_i / T - log(E_i), E_i ~ Exp(1) independent, so
+  argmax_i k_i over any set S is a draw from p restricted to S, renormalised (the Gumbel-max
+  trick). The first token in descending key order that the grammar accepts is the argmax of the
+  keys over the allowed set A: a draw from p(t) / p(A). Tokens known to be rejected (the first
+  draw) are dropped from the race first, which changes no argmax over A. With the first draw:
+  P(t) = p(t) + (1 - p(A)) p(t) / p(A) = p(t) / p(A). One noise draw orders the row once; no
+  softmax and no second full-row draw.
+- Where none of the CANDIDATES best keys is allowed, the row's mask is filled and the argmax of
+  the same keys over the allowed tokens taken: the same draw, found another way. Where no allowed
+  token has a finite key the row gets token 0, as vLLM's all -inf masked row does.
 
 Every logits operation vLLM applies before it samples (penalties, logit bias, bad words, allowed
 token ids, min tokens, custom logits processors) is in the logits `Sampler.sample` receives, and
@@ -23,71 +29,105 @@ the temperature acts on each logit alone; top-k, top-p, min-p and logprobs depen
 so rows using them, and seeded rows (whose generator must draw exactly as without this
 operation), are filled as before.
 
-How it runs:
-1. The scheduler's manager (`grammar_bitmask`) leaves such rows all-ones and names them on the
-   bitmask object the engine hands to the worker, each with what will check it there: the
-   scheduler's own grammar where the runner samples in the scheduler's process (vLLM's in-process
-   executor); otherwise the output tokens the scheduler's grammar accepted since the last ones it
-   shipped, for the worker's mirror of that grammar (mirror.py).
-2. The worker (`_sample`) samples the batch; `Sampler.sample` keeps a copy of those rows' logits
-   as processed. Each grammar checks its row's token (`validate_tokens` does not advance it).
-3. A rejected row is settled under its grammar in the same step. Greedy: the first of its
-   CANDIDATES best tokens the grammar accepts. Sampled: fresh draws from its row without the
-   tokens already rejected, until the grammar accepts one (rejection sampling, at most ATTEMPTS
-   draws). Where that finds nothing, or where xgrammar says the next characters are forced (its
-   fill is cheap there), the row's mask is filled and the masked argmax or a masked draw taken.
-   Where no allowed token has a finite processed logit, the row gets token 0, as vLLM's all -inf
-   masked row does.
-4. The scheduler accepts the returned tokens into its grammars as always (a token its grammar
-   refused would end the request with vLLM's error: the check runs twice).
+Whether a row samples first is decided per row and per step by the scheduler (policy.py): only
+where it is expected to cost less than filling. A row is filled first where the next characters
+are forced (xgrammar's fill is cheap there and a draw is likely rejected), for tree requests
+(their fill is a row copy), while its request's draws keep being rejected (acceptance measured
+per request, seeded from the server's), and where the measured fill is cheaper than the check and
+the expected redraws.
 
-A deferred row must never reach a sampler that does not check it. The manager defers only on
-the CPU, with world size 1 (one worker samples every row), without speculative decoding or async
-scheduling, and only (a) while a runner in its own process has sampled through both worker-side
-replacements, or (b) after the worker process's sampled output has said it keeps grammar mirrors
-(`Scheduler.update_from_output` reads that), for requests without a reasoning parser and past
-their first token (whose mask the scheduler fills while the worker compiles its mirror). A mirror
-that cannot continue from where the scheduler's shipment starts, or that refuses a shipped token,
-is an error, never an unchecked row. A worker that cannot vouch for a batch (speculative decoding,
-argmax-invariant logits processors other than vLLM's min-p) fills every deferred row before
-sampling, from the same grammars, as vLLM would.
+How it runs (the package): scheduler.py leaves the chosen rows of `StructuredOutputManager.
+grammar_bitmask` all-ones and names them on the bitmask object the engine hands to the worker
+(`DeferredRows`), each with what will check it there: the scheduler's own grammar where the runner
+samples in the scheduler's process (vLLM's in-process executor, layout.py); otherwise the output
+tokens the scheduler's grammar accepted since the last ones it shipped, for the worker's mirror of
+that grammar (mirror.py), in the scheduler's own grammar backend. worker.py samples the batch,
+checks each deferred row's token and settles the rejected ones (redraw.py), and reports back on the
+runner's output (`Report`): each row's outcome and cost, the mirrors that finished compiling or
+failed. The scheduler defers a row to a mirror only after the worker reported it ready, so no step
+ever waits for a compile, and a mirror that failed never gets a row.
+
+A deferred row never reaches a sampler that does not check it. The manager defers only on the
+CPU, with world size 1 (one worker samples every row), without speculative decoding or async
+scheduling, without a reasoning parser across processes, and only where a runner in its own
+process has sampled through the worker-side replacements or the worker process has said it keeps
+mirrors. A worker that cannot vouch for a batch (speculative decoding, argmax-invariant logits
+processors other than vLLM's min-p) fills every deferred row before sampling, from the same
+grammars, as vLLM would. A mirror that cannot continue from where the scheduler's shipment starts
+or refuses a shipped token is dropped and reported; its row keeps its unmasked draw, which the
+scheduler's grammar then checks as always (a token it refuses ends that request alone with vLLM's
+error), and the request is never deferred again.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
-__all__ = ["DeferredRows", "SAMPLING_EPS", "row_can_sample_first"]
+__all__ = ["DeferredRows", "Outcome", "Report", "SAMPLING_EPS", "row_can_sample_first"]
 
 SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
 
+# request id -> (grammar, temperature, start, tokens): see DeferredRows
+Entry = tuple[Any, float, int, tuple[int, ...]]
+
 
 class DeferredRows(np.ndarray):
-    """The manager's bitmask with `deferred`: request id -> (grammar, temperature, start, tokens)
-    of the rows left all-ones. `grammar` is the scheduler's own where the runner samples in its
-    process; None across processes, where the worker's mirror (mirror.py) stands in for it,
-    advanced first with `tokens`, the request's output tokens from position `start` on."""
+    """The manager's bitmask with what travels to the worker beside it:
 
-    deferred: dict[str, tuple[Any, float, int, tuple[int, ...]]]
+    - `deferred`: request id -> (grammar, temperature, start, tokens) of the rows left all-ones.
+      `grammar` is the scheduler's own where the runner samples in its process; None across
+      processes, where the worker's mirror stands in for it, advanced first with `tokens`, the
+      request's output tokens from position `start` on.
+    - `mirror`: request id -> grammar backend name ("xgrammar", "guidance"): requests the worker
+      should start mirroring, in the scheduler's backend (their rows are filled meanwhile)."""
+
+    deferred: dict[str, Entry]
+    mirror: dict[str, str]
 
     @classmethod
-    def wrap(cls, bitmask: np.ndarray, deferred: dict[str, tuple[Any, float, int, tuple[int, ...]]]) -> "DeferredRows":
+    def wrap(cls, bitmask: np.ndarray, deferred: dict[str, Entry], mirror: dict[str, str] | None = None) -> "DeferredRows":
         out = bitmask.view(cls)
         out.deferred = deferred
+        out.mirror = mirror or {}
         return out
 
     def __array_finalize__(self, obj: Any) -> None:
         # Slices and copies are plain bitmask rows: only the object the manager returned defers.
         self.deferred = {}
+        self.mirror = {}
 
     def __reduce_ex__(self, protocol: int) -> tuple:
         # To the worker process with its rows: a grammar object in them fails to pickle, loudly.
-        return _rebuild, (np.asarray(self), self.deferred)
+        return _rebuild, (np.asarray(self), self.deferred, self.mirror)
 
 
-def _rebuild(bitmask: np.ndarray, deferred: dict) -> DeferredRows:
-    return DeferredRows.wrap(bitmask, deferred)
+def _rebuild(bitmask: np.ndarray, deferred: dict, mirror: dict | None = None) -> DeferredRows:
+    return DeferredRows.wrap(bitmask, deferred, mirror)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How one deferred row ended in the worker: `how` is "accepted" (the first draw), "redrawn"
+    (among the best keys), "filled" (the worker filled its mask) or "unchecked" (its mirror failed;
+    `why` says how); `seconds`: the worker's time on it beyond sampling."""
+
+    how: str
+    seconds: float = 0.0
+    why: str = ""
+
+
+@dataclasses.dataclass
+class Report:
+    """What the worker tells the scheduler with each sampled output (pickled with it across
+    processes): whether it keeps mirrors, the mirrors that became ready or failed since the last
+    report, and the outcome of every deferred row."""
+
+    mirrors: bool = False
+    ready: tuple[str, ...] = ()
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)
+    outcomes: dict[str, Outcome] = dataclasses.field(default_factory=dict)
 
 
 def row_can_sample_first(params: Any) -> bool:
@@ -98,4 +138,3 @@ def row_can_sample_first(params: Any) -> bool:
         return True
     top_k = params.top_k or 0
     return params.seed is None and top_k <= 0 and params.top_p >= 1.0 and params.min_p <= 0.0
-

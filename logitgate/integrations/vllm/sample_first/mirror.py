@@ -3,27 +3,35 @@
 With vLLM's defaults the scheduler (engine-core process) owns the grammars and the model runner
 samples in a worker process of its own. A row can only sample before its mask is filled where the
 process that samples can check the token and settle a rejected row under the grammar. With one
-worker (world size 1) the worker keeps a mirror of each structured request's grammar:
+worker (world size 1) the worker keeps a mirror of a request's grammar when the scheduler asks:
 
-- built by vLLM's own `StructuredOutputManager.grammar_init` in the worker (same backend class,
-  same tokenizer, same spec, same stop tokens; logitgate's trees through the same patched
-  `grammar_init`), compiled in the background from the step the request arrives;
+- in the scheduler's grammar backend (the scheduler names it with the request: vLLM's manager
+  compiles every request with the backend of the first one it saw, whatever the request itself
+  asked for), built by vLLM's own `StructuredOutputManager.grammar_init` in the worker, one
+  manager per backend (same backend class, tokenizer, spec, stop tokens and bitmask width);
+- compiled in the background; the worker reports it ready (or failed, with why) on a later
+  output, and only then does the scheduler defer the request's rows to it. No step waits for a
+  compile, and a grammar the worker cannot build never gets a row;
 - advanced only with tokens the scheduler's grammar has accepted: the scheduler ships, with each
   deferred row, the request's output tokens since the last ones it shipped, and where they start.
-  The mirror checks that start against what it has taken in, and accepts them (refusing one is
-  an error, never a silent drift). So a mirror is in the scheduler grammar's state by
-  construction, whatever the worker's own bookkeeping does.
-
-Mirrors of finished requests are dropped with the step that reports them finished.
+  The mirror checks that start against what it has taken in, and accepts them; one that cannot
+  is dropped (MirrorError), never used out of step;
+- dropped as soon as its request leaves the model runner (every step prunes to the runner's live
+  requests), so a worker holds at most one mirror per running request.
 """
 from __future__ import annotations
 
+import copy
 import threading
 from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["GrammarMirrors"]
+__all__ = ["GrammarMirrors", "MirrorError"]
+
+
+class MirrorError(RuntimeError):
+    """A mirror that cannot stand in for the scheduler's grammar (missing, out of step, refusing)."""
 
 
 class GrammarMirrors:
@@ -31,57 +39,89 @@ class GrammarMirrors:
 
     def __init__(self, vllm_config: Any):
         self._config = vllm_config
-        self._manager: Any = None
+        self._managers: dict[str, Any] = {}  # backend name -> vLLM's manager compiling with it
         self._lock = threading.Lock()
         self._mirrors: dict[str, list[Any]] = {}
-
-    def _grammar_manager(self) -> Any:
-        if self._manager is None:
-            from vllm.v1.structured_output import StructuredOutputManager
-
-            self._manager = StructuredOutputManager(self._config)
-        return self._manager
-
-    def start(self, req_id: str, params: Any) -> None:
-        """Begin compiling the grammar of a request that arrived in the worker (a no-op for
-        requests without structured output, and for ones already mirrored)."""
-        if req_id in self._mirrors or params is None:
-            return
-        from vllm.v1.structured_output.request import StructuredOutputRequest
-
-        structured = StructuredOutputRequest.from_sampling_params(params)
-        if structured is None:
-            return
-        request = SimpleNamespace(request_id=req_id, sampling_params=params, structured_output_request=structured,
-                                  use_structured_output=True)
-        with self._lock:
-            self._grammar_manager().grammar_init(request)
-        self._mirrors[req_id] = [structured._grammar, 0]
-
-    def drop(self, req_ids: Any) -> None:
-        for req_id in req_ids or ():
-            self._mirrors.pop(req_id, None)
+        self._ready: list[str] = []
+        self._failed: dict[str, str] = {}
 
     def __len__(self) -> int:
         return len(self._mirrors)
 
-    def grammar(self, req_id: str, params: Any, start: int, tokens: list[int]) -> Any:
+    def _manager(self, backend: str) -> Any:
+        manager = self._managers.get(backend)
+        if manager is None:
+            from vllm.v1.structured_output import StructuredOutputManager
+
+            manager = self._managers[backend] = StructuredOutputManager(self._config)
+        return manager
+
+    def start(self, req_id: str, backend: str, params: Any) -> None:
+        """Begin compiling `req_id`'s grammar with `backend` (a no-op for one already mirrored).
+        A grammar that cannot even be started is reported failed."""
+        if req_id in self._mirrors or req_id in self._failed:
+            return
+        try:
+            from vllm.v1.structured_output.request import StructuredOutputRequest
+
+            params = copy.copy(params)
+            params.structured_outputs = copy.copy(params.structured_outputs)
+            params.structured_outputs._backend = backend  # what the scheduler's manager compiles with
+            structured = StructuredOutputRequest.from_sampling_params(params)
+            if structured is None:
+                raise MirrorError("the request has no structured output in the worker")
+            request = SimpleNamespace(request_id=req_id, sampling_params=params, structured_output_request=structured,
+                                      use_structured_output=True)
+            with self._lock:
+                self._manager(backend).grammar_init(request)
+        except Exception as err:  # noqa: BLE001 - reported to the scheduler, which then fills the request's rows
+            self._failed[req_id] = f"{type(err).__name__}: {err}"
+            return
+        grammar = structured._grammar
+        if not isinstance(grammar, Future):  # compiled in place (vLLM's synchronous compile): ready at once
+            done: Future = Future()
+            done.set_result(grammar)
+            grammar = done
+        self._mirrors[req_id] = [grammar, 0]
+
+    def settle(self) -> tuple[tuple[str, ...], dict[str, str]]:
+        """The mirrors that finished compiling since the last call, and the ones that failed (with
+        why); failed ones are dropped."""
+        for req_id, mirror in list(self._mirrors.items()):
+            grammar = mirror[0]
+            if not isinstance(grammar, Future) or not grammar.done():
+                continue
+            error = grammar.exception()
+            if error is not None:
+                self._failed[req_id] = f"{type(error).__name__}: {error}"
+                del self._mirrors[req_id]
+            else:
+                mirror[0] = grammar.result()
+                self._ready.append(req_id)
+        ready, failed = tuple(self._ready), self._failed
+        self._ready, self._failed = [], {}
+        return ready, failed
+
+    def keep_only(self, live: Any) -> None:
+        """Drop the mirrors of requests no longer in the runner (`live`: its request ids)."""
+        for req_id in [r for r in self._mirrors if r not in live]:
+            del self._mirrors[req_id]
+
+    def advance(self, req_id: str, start: int, tokens: tuple[int, ...]) -> Any:
         """The mirror of `req_id` advanced to the scheduler's grammar: `tokens` are the output
-        tokens from position `start` on that the scheduler's grammar accepted since it last
-        shipped any."""
-        self.start(req_id, params)
+        tokens from position `start` on that the scheduler's grammar accepted since it last shipped
+        any. MirrorError (and the mirror dropped) where it cannot follow."""
         mirror = self._mirrors.get(req_id)
-        if mirror is None:
-            raise RuntimeError(f"logitgate sample_first: request {req_id} has no structured output in the worker")
+        if mirror is None or isinstance(mirror[0], Future):
+            raise MirrorError(f"the worker has no compiled mirror of request {req_id}'s grammar")
         grammar, taken = mirror
-        if isinstance(grammar, Future):
-            grammar = mirror[0] = grammar.result()  # the scheduler compiled the same spec: it compiles
         if start != taken:
-            raise RuntimeError(
-                f"logitgate sample_first: the worker's grammar of request {req_id} has taken {taken} tokens, "
-                f"the scheduler's {start}: refusing to sample it unmasked")
+            del self._mirrors[req_id]
+            raise MirrorError(f"the worker's mirror of request {req_id} has taken {taken} tokens, the scheduler's "
+                              f"grammar {start}")
         if tokens and not grammar.accept_tokens(req_id, list(tokens)):
-            raise RuntimeError(f"logitgate sample_first: the worker's grammar of request {req_id} refused "
-                               f"tokens {list(tokens)} its scheduler accepted")
+            del self._mirrors[req_id]
+            raise MirrorError(f"the worker's mirror of request {req_id} refused tokens {list(tokens)} its scheduler "
+                              "accepted")
         mirror[1] = taken + len(tokens)
         return grammar

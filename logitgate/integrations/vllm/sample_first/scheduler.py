@@ -1,114 +1,236 @@
 """The scheduler's side of `sample_first`: which rows `StructuredOutputManager.grammar_bitmask`
-leaves all-ones, and what the worker needs to check them (the package docstring says why it is exact)."""
+leaves all-ones this step (policy.py decides), what the worker needs to check them, and what the
+worker's report teaches the policy (the package docstring says why it is exact)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ..replacements import mark_replacement
-from . import DeferredRows, row_can_sample_first
+from . import DeferredRows, Entry, Report, row_can_sample_first
 from .layout import runner_handles_deferred, runners, why_not_one_cpu_worker
+from .policy import Policy, RowState
 
-__all__ = ["bitmask_width", "grammar_bitmask_replacement", "update_from_output_replacement", "WORKER_MIRRORS"]
+__all__ = ["REPORT", "grammar_bitmask_replacement", "update_from_output_replacement"]
 
 logger = logging.getLogger("vllm.logitgate.sample_first")
 
 LOCAL, MIRRORED = "local", "mirrored"  # where a deferred row is checked: the scheduler's grammar, the worker's mirror
-_MIRRORS_KEY = "_logitgate_worker_mirrors"  # on the manager: its worker said it mirrors grammars
-_SHIPPED_KEY = "_logitgate_shipped"  # on a request: output tokens already shipped to the worker's mirror
-_OFF_LOGGED_KEY = "_logitgate_sample_first_off_logged"  # on the manager: the "off" line was logged
-WORKER_MIRRORS = "logitgate_mirrors_grammars"  # on a ModelRunnerOutput: the worker that sampled it mirrors
+REPORT = "logitgate_sample_first"  # on a ModelRunnerOutput: the worker's Report
+_ENGINE_KEY = "_logitgate_sample_first"  # on the manager: its EngineState
+_ROW_KEY = "_logitgate_sample_first"  # on a request: its RowState
+# vLLM's grammar backends whose grammars the worker can mirror, by class: the name vLLM's manager takes.
+BACKENDS = {"XgrammarBackend": "xgrammar", "GuidanceBackend": "guidance"}
 
 
-def _deferral(manager: Any) -> str | None:
+@dataclasses.dataclass
+class EngineState:
+    """One manager's part: the policy, whether its worker process keeps mirrors, what was logged,
+    and running totals (rows by outcome, seconds by place) for the metrics and the tests."""
+
+    policy: Policy = dataclasses.field(default_factory=Policy)
+    worker_mirrors: bool = False
+    width: int | None = None  # words of a bitmask row, as the manager's backend allocates them
+    logged: set[str] = dataclasses.field(default_factory=set)
+    totals: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def log_once(self, key: str, level: int, message: str, *args: Any) -> None:
+        if key not in self.logged:
+            self.logged.add(key)
+            logger.log(level, message, *args)
+
+    def add(self, name: str, value: float = 1) -> None:
+        self.totals[name] = self.totals.get(name, 0) + value
+
+
+def engine_state(manager: Any) -> EngineState:
+    state = manager.__dict__.get(_ENGINE_KEY)
+    if state is None:
+        state = manager.__dict__[_ENGINE_KEY] = EngineState()
+    return state
+
+
+def row_state(request: Any) -> RowState:
+    state = request.__dict__.get(_ROW_KEY)
+    if state is None:
+        state = request.__dict__[_ROW_KEY] = RowState()
+    return state
+
+
+def _deferral(manager: Any, state: EngineState) -> str | None:
     """LOCAL where a runner that handles deferred rows samples in this very process (vLLM's
     in-process executor); MIRRORED where the engine's worker process has said, with a sampled
-    output, that it handles them with mirrors of the grammars (and no reasoning parser shifts where
-    the grammar starts); None elsewhere: vLLM's fill."""
+    output, that it keeps mirrors (and no reasoning parser shifts where the grammar starts); None
+    elsewhere: vLLM's fill."""
     why_not = why_not_one_cpu_worker(manager.vllm_config)
     if why_not is not None:
-        if not manager.__dict__.get(_OFF_LOGGED_KEY):  # once per engine: the operation is off, and why
-            manager.__dict__[_OFF_LOGGED_KEY] = True
-            logger.info("logitgate sample_first: off in this engine (%s); rows are masked before sampling, as vLLM does",
-                        why_not)
+        state.log_once("off", logging.INFO, "logitgate sample_first: off in this engine (%s); rows are masked "
+                       "before sampling, as vLLM does", why_not)
         return None
     if any(runner_handles_deferred(runner) for runner in list(runners)):
         return LOCAL
-    if manager.__dict__.get(_MIRRORS_KEY) and getattr(manager, "reasoner_cls", None) is None:
+    if state.worker_mirrors and getattr(manager, "reasoner_cls", None) is None:
         return MIRRORED
     return None
 
 
-def bitmask_width(config: Any) -> int:
-    """Words of a bitmask row: ceil(V / 32), as vLLM's backends and logitgate's trees allocate it."""
-    return (config.model_config.get_vocab_size() + 31) // 32
+def _backend_name(manager: Any, state: EngineState) -> str | None:
+    """The manager's grammar backend as vLLM names it, where sample_first serves it; else None,
+    said once in the log."""
+    backend = getattr(manager, "backend", None)
+    if backend is None:
+        return None  # a server that has seen only tree requests: trees fill first
+    name = BACKENDS.get(type(backend).__name__)
+    if name is None:
+        state.log_once("backend", logging.INFO, "logitgate sample_first: off for the %s grammar backend (its "
+                       "grammars are not checked before their masks); bitmask, sampler and fill stay on",
+                       type(backend).__name__)
+    return name
 
 
-def _deferrable(manager: Any, request: Any, where: str) -> bool:
+def _forced(grammar: Any) -> bool:
+    """xgrammar knows when the next characters are forced (a JSON key, punctuation): its fill
+    costs microseconds there and a draw is likely rejected."""
+    matcher = getattr(grammar, "matcher", None)
+    return matcher is not None and bool(matcher.find_jump_forward_string())
+
+
+def _candidate(manager: Any, request: Any) -> Any:
+    """The request's grammar where its row could sample first this step, else None."""
     structured = request.structured_output_request
     grammar = getattr(structured, "grammar", None)
-    if grammar is None or grammar.is_terminated() or not row_can_sample_first(request.sampling_params):
-        return False
-    if where == MIRRORED and not request.num_output_tokens:
-        return False  # the first token is filled here while the worker compiles its mirror
+    if grammar is None or not getattr(type(grammar), "samples_first", True) or grammar.is_terminated():
+        return None  # (trees say samples_first = False: their fill is a row copy)
+    if not row_can_sample_first(request.sampling_params):
+        return None
     bounds = getattr(manager, "_get_constraint_bounds", None)
     # Before the constraint starts (reasoning) the row is all-ones anyway: vLLM's fill handles it.
-    return bounds is None or bounds(request, ()).constraint_start == 0
+    return grammar if bounds is None or bounds(request, ()).constraint_start == 0 else None
 
 
-def _entry(request: Any, where: str) -> tuple[Any, float, int, tuple[int, ...]]:
+def _entry(request: Any, grammar: Any, where: str, row: RowState) -> Entry:
     temperature = request.sampling_params.temperature
     if where == LOCAL:
-        return request.structured_output_request.grammar, temperature, 0, ()
-    start = request.__dict__.get(_SHIPPED_KEY, 0)
+        return grammar, temperature, 0, ()
+    start = row.shipped
     tokens = tuple(request.output_token_ids[start:])  # what the scheduler's grammar accepted since
-    request.__dict__[_SHIPPED_KEY] = start + len(tokens)
+    row.shipped = start + len(tokens)
     return None, temperature, start, tokens
+
+
+def _width(manager: Any, state: EngineState) -> int:
+    """Words of a bitmask row, as the manager's backend allocates them (llguidance sizes by the
+    tokenizer, which can be longer than the model's logits)."""
+    if state.width is None:
+        state.width = int(manager.backend.allocate_token_bitmask(1).shape[1])
+    return state.width
 
 
 def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
     """StructuredOutputManager.grammar_bitmask: vLLM's fill for the rows that need it, all-ones
-    rows (and what checks them, for the worker) for the rows that can sample first."""
+    rows (and what checks them, for the worker) for the rows that sample first this step, and the
+    requests the worker should start mirroring."""
 
     def grammar_bitmask(self, requests, structured_output_request_ids, scheduled_spec_decode_tokens):
-        where = _deferral(self) if structured_output_request_ids else None
-        if where is None:
-            return original(self, requests, structured_output_request_ids, scheduled_spec_decode_tokens)
-        deferred = {
-            req_id: _entry(requests[req_id], where)
-            for req_id in structured_output_request_ids
-            if _deferrable(self, requests[req_id], where)
-        }
-        if not deferred:
-            return original(self, requests, structured_output_request_ids, scheduled_spec_decode_tokens)
+        state = engine_state(self)
+        where = _deferral(self, state) if structured_output_request_ids else None
+        backend = _backend_name(self, state) if where is not None else None
+        if backend is None:
+            return _timed_fill(original, self, state, requests, structured_output_request_ids, scheduled_spec_decode_tokens)
+        deferred: dict[str, Entry] = {}
+        mirror: dict[str, str] = {}
+        for req_id in structured_output_request_ids:
+            request = requests[req_id]
+            grammar = _candidate(self, request)
+            if grammar is None:
+                continue
+            row = row_state(request)
+            if where == MIRRORED and row.mirror != "ready":
+                if not row.mirror:  # its row is filled until the worker says the mirror compiled
+                    row.mirror = "asked"
+                    mirror[req_id] = backend
+                continue
+            if state.policy.samples_first(row) and not _forced(grammar):
+                deferred[req_id] = _entry(request, grammar, where, row)
+        if not deferred and not mirror:
+            return _timed_fill(original, self, state, requests, structured_output_request_ids, scheduled_spec_decode_tokens)
         rows = [i for i, req_id in enumerate(structured_output_request_ids) if req_id not in deferred]
         filled_ids = [structured_output_request_ids[i] for i in rows]
-        filled = original(self, requests, filled_ids, scheduled_spec_decode_tokens) if rows else None
-        # A server that has seen only tree requests has no grammar backend to ask for the width.
-        width = filled.shape[1] if filled is not None else bitmask_width(self.vllm_config)
-        bitmask = np.full((len(structured_output_request_ids), width), -1, dtype=np.int32)
+        filled = _timed_fill(original, self, state, requests, filled_ids, scheduled_spec_decode_tokens) if rows else None
+        bitmask = np.full((len(structured_output_request_ids), _width(self, state)), -1, dtype=np.int32)
         if filled is not None:
             bitmask[rows] = filled
+        state.add("rows_deferred", len(deferred))
         grammar_bitmask.routed_calls += len(deferred)
-        return DeferredRows.wrap(bitmask, deferred)
+        return DeferredRows.wrap(bitmask, deferred, mirror)
 
     return mark_replacement(grammar_bitmask, original, name)
 
 
+def _timed_fill(original: Callable, manager: Any, state: EngineState, requests: Any, ids: list[str], spec: Any) -> Any:
+    """vLLM's own fill of `ids`, timed for the policy (seconds per filled row)."""
+    if not ids:
+        return original(manager, requests, ids, spec)
+    start = time.perf_counter()
+    out = original(manager, requests, ids, spec)
+    seconds = time.perf_counter() - start
+    state.policy.costs.record_fill(seconds, len(ids))
+    state.add("rows_filled_scheduler", len(ids))
+    state.add("seconds_fill_scheduler", seconds)
+    return out
+
+
+def take_report(manager: Any, requests: dict[str, Any], report: Report) -> None:
+    """What the worker's report teaches the scheduler: that the worker mirrors, which mirrors are
+    ready or failed, and each deferred row's outcome and cost."""
+    state = engine_state(manager)
+    if report.mirrors and not state.worker_mirrors:
+        state.worker_mirrors = True
+        logger.info("logitgate sample_first: the worker process checks rows sampled before their masks, "
+                    "with its own mirrors of the grammars")
+    for req_id in report.ready:
+        if req_id in requests:
+            row_state(requests[req_id]).mirror = "ready"
+    for req_id, why in report.failed.items():
+        state.add("mirrors_failed")
+        logger.warning("logitgate sample_first: the worker could not mirror the grammar of request %s (%s); "
+                       "its rows are filled by the scheduler", req_id, why)
+        if req_id in requests:
+            row_state(requests[req_id]).mirror = "failed"
+    policy = state.policy
+    for req_id, outcome in report.outcomes.items():
+        state.add(f"rows_{outcome.how}")
+        state.add(f"seconds_{outcome.how}", outcome.seconds)
+        request = requests.get(req_id)
+        if outcome.how == "unchecked":
+            logger.error("logitgate sample_first: request %s: %s; its token is checked by the scheduler's grammar "
+                         "alone, and its rows are filled from now on", req_id, outcome.why)
+            if request is not None:
+                row_state(request).mirror = "failed"
+            continue
+        accepted = outcome.how == "accepted"
+        if accepted:
+            policy.costs.record_check(outcome.seconds)
+        else:
+            policy.costs.record_rejection(outcome.seconds)
+        if request is not None:
+            policy.record(row_state(request), accepted)
+
+
 def update_from_output_replacement(original: Callable, name: str) -> Callable:
-    """Scheduler.update_from_output: notes that the worker mirrors grammars (its sampled output says
-    so), from which step on the manager may defer rows to it."""
+    """Scheduler.update_from_output: takes the worker's report (mirrors, outcomes) before vLLM
+    accepts the sampled tokens into its grammars."""
 
     def update_from_output(self, scheduler_output, model_runner_output):
-        if getattr(model_runner_output, WORKER_MIRRORS, False) and not self.structured_output_manager.__dict__.get(_MIRRORS_KEY):
-            self.structured_output_manager.__dict__[_MIRRORS_KEY] = True
+        report = getattr(model_runner_output, REPORT, None)
+        if report is not None:
+            take_report(self.structured_output_manager, self.requests, report)
             update_from_output.routed_calls += 1
-            logger.info("logitgate sample_first: the worker process checks rows sampled before their masks, "
-                        "with its own mirrors of the grammars")
         return original(self, scheduler_output, model_runner_output)
 
-    return mark_replacement(update_from_output, original, name)  # routed_calls: workers found mirroring
-
+    return mark_replacement(update_from_output, original, name)  # routed_calls: reports taken

@@ -1,10 +1,13 @@
 """The worker's side of `sample_first`: the runner samples the batch, each deferred row's token is
-checked against its grammar (the scheduler's own, or this worker's mirror of it), and a rejected row
-is settled under its grammar in the same step (redraw.py)."""
+checked against its grammar (the scheduler's own, or this worker's mirror of it), a rejected row is
+settled under its grammar in the same step (redraw.py), and the runner's output carries a report
+back to the scheduler: each row's outcome and cost, and the mirrors that compiled or failed."""
 from __future__ import annotations
 
 import dataclasses
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -12,64 +15,40 @@ import numpy as np
 import torch
 
 from ..replacements import mark_replacement
-from . import row_can_sample_first
+from . import Outcome, Report
 from .layout import one_cpu_worker, runner_handles_deferred, runners
+from .mirror import GrammarMirrors, MirrorError
 from .redraw import choose_again, fill_masks
-from .scheduler import WORKER_MIRRORS
+from .scheduler import REPORT
 
 __all__ = ["sample_replacement", "sample_tokens_replacement", "sampler_sample_replacement"]
 
-_DEFERRED_KEY = "_logitgate_deferred_rows"
-_BUILTIN_PROCESSORS = "vllm.v1.sample.logits_processor.builtin"
-
-
-def _deferred_of(grammar_output: Any) -> dict[str, tuple[Any, float, int, tuple[int, ...]]]:
-    return getattr(getattr(grammar_output, "grammar_bitmask", None), "deferred", None) or {}
-
-
+_DEFERRED_KEY = "_logitgate_deferred_rows"  # on a runner: this step's deferred rows, from sample_tokens to _sample
 _MIRROR_KEY = "_logitgate_mirrors"  # on a runner: its GrammarMirrors, False where it cannot mirror
+_BUILTIN_PROCESSORS = "vllm.v1.sample.logits_processor.builtin"
+_skips_sample: "weakref.WeakSet[Any]" = weakref.WeakSet()  # runners whose sampler bypassed Sampler.sample
 
 
-def _mirrors_of(runner: Any, wanted: bool) -> Any:
-    """The runner's mirrors of the scheduler's grammars: made when the first row that needs them
-    arrives (`wanted`), never where this runner cannot check deferred rows itself."""
+def _mirrors_of(runner: Any) -> GrammarMirrors | None:
+    """The runner's mirrors of the scheduler's grammars (made on first use), None where this runner
+    cannot check deferred rows itself."""
     mirrors = runner.__dict__.get(_MIRROR_KEY)
     if mirrors is None:
         config = getattr(runner, "vllm_config", None)
-        if config is None or not runner_handles_deferred(runner) or not one_cpu_worker(config):
-            mirrors = runner.__dict__[_MIRROR_KEY] = False
-        elif wanted:
-            from .mirror import GrammarMirrors
-
-            mirrors = runner.__dict__[_MIRROR_KEY] = GrammarMirrors(config)
-    return mirrors if mirrors is not False else None  # (an empty GrammarMirrors is falsy)
+        can = config is not None and runner_handles_deferred(runner) and one_cpu_worker(config)
+        mirrors = runner.__dict__[_MIRROR_KEY] = GrammarMirrors(config) if can else False
+    return None if mirrors is False else mirrors  # (an empty GrammarMirrors is falsy: compare, not test)
 
 
-def _track_requests(mirrors: Any, runner: Any) -> None:
-    """Start the mirrors of this step's new requests that may sample first (their compile runs
-    while their first token is filled by the scheduler) and drop the finished ones."""
-    state = getattr(runner, "execute_model_state", None)
-    scheduler_output = state[0] if isinstance(state, tuple) and state else None
-    if scheduler_output is None:
-        return
-    mirrors.drop(getattr(scheduler_output, "finished_req_ids", ()))
-    for new in getattr(scheduler_output, "scheduled_new_reqs", ()):
-        if row_can_sample_first(new.sampling_params):
-            mirrors.start(new.req_id, new.sampling_params)
-
-
-def _resolve(runner: Any, deferred: dict, mirrors: Any) -> dict[str, tuple[Any, float]]:
-    """Request id -> (grammar, temperature): the scheduler's grammar, or this worker's mirror."""
-    resolved = {}
-    for req_id, (grammar, temperature, start, tokens) in deferred.items():
-        if grammar is None:
-            if mirrors is None:  # the scheduler defers to mirrors only after this worker said it has them
-                raise RuntimeError(f"logitgate sample_first: request {req_id} was left unmasked for a worker "
-                                   "that keeps no grammar mirrors")
-            state = runner.requests.get(req_id)
-            grammar = mirrors.grammar(req_id, getattr(state, "sampling_params", None), start, tokens)
-        resolved[req_id] = (grammar, temperature)
-    return resolved
+def _start_mirrors(mirrors: GrammarMirrors, runner: Any, asked: dict[str, str]) -> None:
+    """Drop the mirrors of requests that left the runner; start the ones the scheduler asked for,
+    in its grammar backend (they compile in the background)."""
+    live = getattr(runner, "requests", {})
+    mirrors.keep_only(live)
+    for req_id, backend in asked.items():
+        state = live.get(req_id)
+        if state is not None:
+            mirrors.start(req_id, backend, state.sampling_params)
 
 
 def _without_deferred(grammar_output: Any, deferred: dict) -> Any:
@@ -92,23 +71,27 @@ def _without_deferred(grammar_output: Any, deferred: dict) -> Any:
 def sample_tokens_replacement(original: Callable, name: str) -> Callable:
     """GPUModelRunner.sample_tokens: marks the process as sampling in-process, keeps the worker's
     grammar mirrors (a worker process of its own), hands the deferred rows of this batch to
-    `_sample`, and says on its output that it mirrors grammars."""
+    `_sample`, and reports back on its output."""
 
     def sample_tokens(self, grammar_output):
         runners.add(self)
-        deferred = _deferred_of(grammar_output)
-        mirrors = _mirrors_of(self, wanted=any(entry[0] is None for entry in deferred.values()))
+        bitmask = getattr(grammar_output, "grammar_bitmask", None)
+        deferred = getattr(bitmask, "deferred", None) or {}
+        mirrors = _mirrors_of(self)
         if mirrors is not None:
-            _track_requests(mirrors, self)
+            _start_mirrors(mirrors, self, getattr(bitmask, "mirror", None) or {})
+        report = Report(mirrors=mirrors is not None)
         if deferred:
-            self.__dict__[_DEFERRED_KEY] = (_resolve(self, deferred, mirrors), grammar_output.grammar_bitmask.shape[1])
+            self.__dict__[_DEFERRED_KEY] = (deferred, mirrors, report, bitmask.shape[1])
             grammar_output = _without_deferred(grammar_output, deferred)
         try:
             output = original(self, grammar_output)
         finally:
             self.__dict__.pop(_DEFERRED_KEY, None)
-        if self.__dict__.get(_MIRROR_KEY) is not False and getattr(output, "req_ids", None):
-            setattr(output, WORKER_MIRRORS, True)  # pickled with the output to the scheduler's process
+        if getattr(output, "req_ids", None):  # a real output (never vLLM's shared empty one)
+            if mirrors is not None:
+                report.ready, report.failed = mirrors.settle()
+            setattr(output, REPORT, report)  # pickled with the output to the scheduler's process
         return output
 
     return mark_replacement(sample_tokens, original, name)
@@ -125,7 +108,7 @@ def _random_rows_exact(input_batch: Any) -> bool:
 def _vouches(runner: Any) -> bool:
     """Whether this batch's deferred rows can sample first here: the runner's sampler keeps the
     processed logits for a redraw, and nothing the kept logits miss acts on random rows."""
-    return runner_handles_deferred(runner) and _random_rows_exact(runner.input_batch)
+    return runner not in _skips_sample and runner_handles_deferred(runner) and _random_rows_exact(runner.input_batch)
 
 
 class _Stash(threading.local):
@@ -163,38 +146,86 @@ def _mask_rows(logits: torch.Tensor, rows: list[tuple[int, Any]], width: int) ->
     utils.xgr.apply_token_bitmask_inplace(logits, packed.to(logits.device), indices=indices)
 
 
+def _resolve(deferred: dict, mirrors: GrammarMirrors | None, index: dict[str, int],
+             report: Report) -> list[tuple[int, str, Any, float, float]]:
+    """(batch row, request id, grammar or None, temperature, seconds) of each deferred row in the
+    batch: the scheduler's grammar, or this worker's mirror advanced to it (None, and the row
+    reported unchecked, where the mirror cannot follow)."""
+    rows = []
+    for req_id, (grammar, temperature, start, tokens) in deferred.items():
+        if req_id not in index:
+            continue
+        began = time.perf_counter()
+        if grammar is None:
+            try:
+                if mirrors is None:  # the scheduler defers to mirrors only after this worker said it has them
+                    raise MirrorError("this worker keeps no grammar mirrors")
+                grammar = mirrors.advance(req_id, start, tokens)
+            except MirrorError as err:
+                report.outcomes[req_id] = Outcome("unchecked", why=str(err))
+        rows.append((index[req_id], req_id, grammar, temperature, time.perf_counter() - began))
+    return sorted(rows, key=lambda row: row[0])
+
+
 def sample_replacement(original: Callable, name: str) -> Callable:
     """GPUModelRunner._sample: sample the batch; a deferred row whose token its grammar rejects
-    takes the masked argmax of its processed logits (greedy) or a fresh draw from them, over its
-    temperature, restricted to what its grammar allows."""
+    takes the masked argmax of its processed logits (greedy) or an exact draw from them, over its
+    temperature, restricted to what its grammar allows (redraw.py); every row's outcome goes in
+    the report."""
 
     def _sample(self, logits, spec_decode_metadata):
         pending = self.__dict__.pop(_DEFERRED_KEY, None)
         if pending is None:
             return original(self, logits, spec_decode_metadata)
-        deferred, width = pending
-        index = self.input_batch.req_id_to_index
-        rows = sorted((index[req_id], grammar, temperature)
-                      for req_id, (grammar, temperature) in deferred.items() if req_id in index)
+        deferred, mirrors, report, width = pending
+        rows = _resolve(deferred, mirrors, self.input_batch.req_id_to_index, report)
+        checked = [row for row in rows if row[2] is not None]
         if spec_decode_metadata is not None or not _vouches(self):
-            _mask_rows(logits, [(row, grammar) for row, grammar, _ in rows], width)  # as vLLM would
+            began = time.perf_counter()
+            _mask_rows(logits, [(row, grammar) for row, _, grammar, _, _ in checked], width)  # as vLLM would
+            each = (time.perf_counter() - began) / max(len(checked), 1)
+            report.outcomes.update((req_id, Outcome("filled", each + spent)) for _, req_id, _, _, spent in checked)
             return original(self, logits, spec_decode_metadata)
-        _stash.rows = [row for row, _, _ in rows]
+        _stash.rows = [row[0] for row in checked]
         try:
             output = original(self, logits, None)
             processed = _stash.logits
         finally:
             _stash.rows = _stash.logits = None
         sampled = output.sampled_token_ids[:, 0].tolist()
-        rejected = [i for i, (row, grammar, _) in enumerate(rows) if len(grammar.validate_tokens([sampled[row]])) != 1]
-        _sample.routed_calls += len(rows) - len(rejected)
+        rejected = []
+        for i, (row, req_id, grammar, _, spent) in enumerate(checked):
+            began = time.perf_counter()
+            accepted = len(grammar.validate_tokens([sampled[row]])) == 1
+            spent += time.perf_counter() - began
+            if accepted:
+                report.outcomes[req_id] = Outcome("accepted", spent)
+            else:
+                rejected.append((i, spent))
+        _sample.routed_calls += len(checked) - len(rejected)
         if rejected and processed is None:  # a sampler whose forward never called Sampler.sample
-            raise RuntimeError(
-                f"logitgate sample_first: {type(self.sampler).__name__} did not pass through Sampler.sample, so "
-                f"rows {[rows[i][0] for i in rejected]} cannot be drawn again under their grammars; "
-                "leave 'sample_first' out of LOGITGATE_VLLM_OPS with this sampler")
-        for row, token in choose_again(processed, rows, rejected, sampled, width).items():
-            output.sampled_token_ids[row, 0] = token
+            _skips_sample.add(self)  # from the next step on this runner fills deferred rows before sampling
+            why = (f"{type(self.sampler).__name__} did not pass through Sampler.sample, so the row could not be drawn "
+                   "again under its grammar")
+            report.outcomes.update((checked[i][1], Outcome("unchecked", why=why)) for i, _ in rejected)
+        elif rejected:
+            _redraw(output, processed, checked, rejected, sampled, width, report)
         return output
 
     return mark_replacement(_sample, original, name)
+
+
+def _redraw(output: Any, processed: torch.Tensor, checked: list[tuple[int, str, Any, float, float]],
+            rejected: list[tuple[int, float]], sampled: list[int], width: int, report: Report) -> None:
+    """Settle the rejected rows (`rejected`: index into `checked`, seconds so far) under their
+    grammars, in place on the sampler's output. `processed` holds the checked rows' logits, in order."""
+    began = time.perf_counter()
+    picks = [i for i, _ in rejected]
+    rows = [checked[i] for i in picks]
+    values = processed if len(picks) == processed.shape[0] else processed[picks]  # consumed below
+    chosen = choose_again(values, [row[2] for row in rows], [row[3] for row in rows],
+                          [sampled[row[0]] for row in rows], width)
+    each = (time.perf_counter() - began) / len(rows)
+    for (row, req_id, _, _, _), (_, spent), (token, how) in zip(rows, rejected, chosen):
+        output.sampled_token_ids[row, 0] = token
+        report.outcomes[req_id] = Outcome(how, spent + each)
