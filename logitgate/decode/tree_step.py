@@ -72,6 +72,7 @@ def tree_spec_step(
     tokens, `draft_probs` (N, V) or None (point-mass drafts), `metadata` one row per sequence.
     Without drafts the bonus rows are planned like any step (dense rows past the crossover, width
     buckets); with drafts every row shares one sparse layout."""
+    tree.check_device(logits, "logits")  # the tree's kernels read the logits rows
     counts = [len(d) for d in drafts]
     batch, vocab = len(drafts), logits.shape[-1]
     device = logits.device

@@ -341,8 +341,7 @@ def keep_only_allowed(
     docs/trees.md, "Tree decode steps that cost what the tree allows"). `max_width` bounds the rows' widths (default the tree's
     widest state); rows must be distinct; no host sync. Returns logits."""
     states = tree.check_states(states).long()
-    if logits.device != tree.device:
-        raise ValueError(f"logits are on {logits.device} but the tree is on {tree.device}")
+    tree.check_device(logits, "logits")
     if tree.max_token_id >= logits.shape[-1]:
         raise ValueError(f"the tree uses token id {tree.max_token_id} but the logits have only {logits.shape[-1]} columns")
     if rows is None:

@@ -182,3 +182,35 @@ def test_npu_emulated_triton_without_the_interpreter_says_why(monkeypatch):
     with pytest.raises(DeviceUnavailableError, match="npu-emulated-triton.*TRITON_INTERPRET=1"):
         get_backend("npu-emulated-triton")
     assert "TRITON_INTERPRET=1" in report("npu-emulated-triton")["backend"]["error"]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+def test_triton_kernel_entries_name_a_tensor_on_another_device():
+    """The device backends' Triton entry points check where their tensors are: a tensor on another
+    device (CPU tensors given to CUDA on the GPU check) is named, not Triton's "Pointer argument
+    cannot be accessed from Triton (cpu tensor?)". Here the backend runs on the CPU, the tensor is
+    on meta."""
+    from logitgate.backends.base import CandidateRows
+
+    backend = EmulatedNpuBackend(triton_ascend=True, vector_cores=4)
+    meta = torch.zeros(2, 64, device="meta")
+    index = torch.zeros(2, dtype=torch.int64)
+    candidates = CandidateRows(index, index, index, torch.zeros(4, dtype=torch.int32), 1)
+    message = "logits is on meta but backend 'npu-emulated-triton' runs on cpu"
+    with pytest.raises(ValueError, match=message):
+        backend.gather_candidate_logits(meta, candidates)
+    with pytest.raises(ValueError, match=message):
+        backend.keep_candidate_logits(meta, candidates)
+    with pytest.raises(ValueError, match="starts is on meta"):
+        backend.gather_candidate_logits(torch.zeros(2, 64), candidates._replace(starts=index.to("meta")))
+    with pytest.raises(ValueError, match="bitmask is on meta"):
+        backend.fill_tree_bitmask(torch.zeros(2, 2, dtype=torch.int32, device="meta"), index, index, candidates.allow_tok, index, 1, None, None)
+    with pytest.raises(ValueError, match="target_logits is on meta"):
+        backend.rejection_greedy_accept(torch.tensor([1, 2], dtype=torch.int32), index, meta, None)
+    with pytest.raises(ValueError, match="noise is on meta"):
+        backend.rejection_recover(torch.tensor([1, 2], dtype=torch.int32), index, torch.zeros(2, 64), None, None,
+                                  index.int(), torch.zeros(2), meta, None)
+    with pytest.raises(ValueError, match="bitmask is on meta"):
+        backend.apply_token_bitmask(torch.zeros(2, 64), torch.zeros(2, 2, dtype=torch.int32, device="meta"), None, 64)
+    with pytest.raises(ValueError, match="p is on meta"):
+        backend.apply_top_k_top_p(torch.zeros(2, 64), None, torch.ones(2, device="meta"), None)

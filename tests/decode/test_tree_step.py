@@ -79,3 +79,12 @@ def test_a_rejected_draft_is_replaced_from_the_constrained_residual():
         obs, exp = obs[:-1], exp[:-1]
     assert scistats.chisquare(obs, exp).pvalue > 1e-6
 
+
+def test_logits_on_another_device_than_the_tree_are_named():
+    """The sparse step reads the logits with the tree's kernels: logits elsewhere (CPU logits with a
+    tree on CUDA, on the GPU check) are an error naming both devices, not a kernel's crash."""
+    md = SamplingMetadata.from_params([SamplingParams(temperature=0.0)] * len(DRAFTS), device=DEVICE)
+    for drafts in (DRAFTS, [[] for _ in DRAFTS]):  # verification, and a step without drafts
+        logits = torch.zeros(sum(len(d) + 1 for d in drafts), V, device="meta")
+        with pytest.raises(ValueError, match=f"logits are on meta but the tree is on {DEVICE}"):
+            tree_spec_step(Sampler(), logits, TREE, layout(drafts), drafts, md)

@@ -125,7 +125,7 @@ def test_keep_only_allowed_checks_its_inputs():
 
 
 def test_the_public_face_of_a_tree_is_its_allowed_sets():
-    """What other layers read of a TreeDFA (host, allow_tok, allow_start, widths, check_states)
+    """What other layers read of a TreeDFA (host, allow_tok, allow_start, widths, check_states, check_device)
     describes the tree's allowed sets: state s allows allow_tok[allow_start[s] : + widths[s]]."""
     # On the CPU: states on the host are checked entry by entry there (on a device that would sync).
     tree = TreeDFA.from_sequences([[5, 6], [5, 7], [9]], end_token_id=0, vocab_size=VOCAB, device="cpu", cache=False)
@@ -140,3 +140,6 @@ def test_the_public_face_of_a_tree_is_its_allowed_sets():
         tree.check_states(torch.tensor([0, 99]))
     with pytest.raises(ValueError, match="tokens must be a 1-D"):
         tree.check_states(torch.zeros(2, 2, dtype=torch.int64), "tokens")
+    tree.check_device(torch.zeros(1, VOCAB), "logits")
+    with pytest.raises(ValueError, match="logits are on meta but the tree is on cpu"):
+        tree.check_device(torch.zeros(1, VOCAB, device="meta"), "logits")
