@@ -68,7 +68,8 @@ def fake_torch_npu(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", sorted(FAKE_TORCH_NPU))
-def test_broken_torch_npu_falls_back_with_one_warning(fake_torch_npu, kind):
+def test_broken_torch_npu_falls_back_with_one_warning(fake_torch_npu, kind, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # no CUDA either (also on a GPU host)
     fake_torch_npu(kind)
     with pytest.warns(RuntimeWarning, match="NPU unusable") as record:
         probe = probe_npu()
@@ -82,6 +83,7 @@ def test_broken_torch_npu_falls_back_with_one_warning(fake_torch_npu, kind):
 def test_doctor_shows_why_npu_is_unusable(fake_torch_npu):
     path = fake_torch_npu("oserror")
     env = dict(os.environ, PYTHONPATH=path + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env["CUDA_VISIBLE_DEVICES"] = ""  # no CUDA either (also on a GPU host): the fallback is the CPU
     out = subprocess.run(
         [sys.executable, "-m", "logitgate", "doctor"], capture_output=True, text=True, env=env, timeout=120
     )
@@ -151,13 +153,16 @@ def test_cli_rejects_unknown_device():
     assert main(["doctor", "--device", "tpu"]) == 2
 
 
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs TRITON_INTERPRET=1 from the start: Triton picks interpreter or compiler as it defines the kernels",
+)
 def test_npu_emulated_triton_is_selectable_by_name(monkeypatch):
     """`LOGITGATE_DEVICE=npu-emulated-triton` (or --device) runs the triton-ascend kernels on CPU
     tensors under TRITON_INTERPRET=1, as an Ascend host with triton-ascend would; doctor shows it."""
     pytest.importorskip("triton")
     from logitgate.cli.doctor import format_report, report
 
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("LOGITGATE_DEVICE", "npu-emulated-triton")
     backend = backend_for_tensor(torch.zeros(1))
     assert backend.name == "npu-emulated-triton" and backend.bitmask_path == BITMASK_TRITON
