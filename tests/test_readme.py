@@ -4,7 +4,10 @@ test_shell_commands_exist). Blocks that need an engine are fenced otherwise and 
 ```py and ```sh blocks of docs/vllm.md (and the README's ```py copy of its script) in
 tests/vllm_engine/test_readme_vllm.py; ```text blocks are never run. README.md stays a front page
 (at most MAX_README_LINES lines) whose index links every page of docs/, and every relative link
-of every page resolves (file and heading)."""
+of every page resolves (file and heading). A block that imports a package this host lacks (e.g.
+llama-cpp-python on a GPU machine) skips the rest of its page, naming the package."""
+import ast
+import importlib.util
 import os
 import re
 import subprocess
@@ -36,11 +39,44 @@ def test_pages_have_examples():
     assert len(PYTHON_PAGES) >= 10
 
 
+def _missing_import(code: str) -> str | None:
+    """The first top-level package `code` imports that is not installed here, else None. A directory
+    of that name on sys.path is not the package (tests/integrations/llama_cpp, a namespace package
+    without a file, is what `import llama_cpp` finds when llama-cpp-python is absent)."""
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            top = name.split(".")[0]
+            spec = importlib.util.find_spec(top)
+            if spec is None or spec.origin is None:
+                return top
+    return None
+
+
+def test_missing_imports_are_found():
+    assert _missing_import("import torch\nfrom logitgate.sampling import ops") is None
+    assert _missing_import("import os\nfrom no_such_package_here import x") == "no_such_package_here"
+
+
+def test_namespace_directories_are_not_packages(tmp_path, monkeypatch):
+    (tmp_path / "llama_cpp_lookalike").mkdir()  # a directory without __init__.py, as tests/integrations/llama_cpp
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _missing_import("from llama_cpp_lookalike import Llama") == "llama_cpp_lookalike"
+
+
 @pytest.mark.parametrize("page", PYTHON_PAGES, ids=_name)
 def test_page_examples_run(page, capsys):
     """A page's python blocks run in order in one namespace (a later block may use an earlier one's names)."""
     namespace = {"__name__": "__readme__"}
     for index, code in enumerate(_blocks(page, "python")):
+        missing = _missing_import(code)
+        if missing is not None:
+            pytest.skip(f"{_name(page)}[python block {index}] imports {missing}, which is not installed here")
         exec(compile(code, f"{_name(page)}[python block {index}]", "exec"), namespace)
 
 

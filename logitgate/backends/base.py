@@ -84,6 +84,16 @@ class Backend(ABC):
     def kernels(self) -> dict[str, str]:
         """Operation name -> the kernel this backend will run for it (shown by `logitgate doctor`)."""
 
+    def check_on_device(self, **tensors: torch.Tensor | None) -> None:
+        """ValueError naming the first of `tensors` (None skipped) that is not on this backend's
+        device. The kernel entry points of the device backends call it: the public functions check
+        their inputs, but a caller of a kernel (or a layer that built an index on the wrong device)
+        would otherwise get the kernel's own failure (Triton: "Pointer argument cannot be accessed
+        from Triton (cpu tensor?)")."""
+        for name, tensor in tensors.items():
+            if tensor is not None and tensor.device != self.device:
+                raise ValueError(f"{name} is on {tensor.device} but backend {self.name!r} runs on {self.device}")
+
     # ---- kernels (inputs are validated by the public functions that call these) ----
 
     @abstractmethod

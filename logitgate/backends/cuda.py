@@ -66,6 +66,7 @@ class CudaBackend(TritonTreeMixin, TritonRejectionMixin, Backend):
         if not self._has_triton:
             apply_token_bitmask_reference(logits, bitmask, rows, vocab_size)
             return
+        self.check_on_device(logits=logits, bitmask=bitmask, rows=rows)
         from .triton.bitmask import apply_token_bitmask_triton
 
         apply_token_bitmask_triton(
@@ -75,6 +76,7 @@ class CudaBackend(TritonTreeMixin, TritonRejectionMixin, Backend):
     def apply_top_k_top_p(self, logits, k, p, max_top_k) -> torch.Tensor:
         topk_path = k is not None and max_top_k is not None and max_top_k < logits.shape[-1]
         if self._has_triton and not topk_path and logits.shape[0] >= CUDA_TOP_K_TOP_P_MIN_ROWS:
+            self.check_on_device(logits=logits, k=k, p=p)
             from .triton.sampling import apply_top_k_top_p_triton
 
             return apply_top_k_top_p_triton(logits, k, p, block=CUDA_TOP_K_TOP_P_BLOCK, max_programs=logits.shape[0])

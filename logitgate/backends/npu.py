@@ -113,6 +113,7 @@ class NpuBackend(TritonTreeMixin, TritonRejectionMixin, Backend):
     def apply_token_bitmask(self, logits, bitmask, rows, vocab_size) -> None:
         path = self.bitmask_path
         if path == BITMASK_TRITON:
+            self.check_on_device(logits=logits, bitmask=bitmask, rows=rows)
             from .triton.bitmask import apply_token_bitmask_triton
 
             apply_token_bitmask_triton(
@@ -138,6 +139,7 @@ class NpuBackend(TritonTreeMixin, TritonRejectionMixin, Backend):
 
     def apply_top_k_top_p(self, logits, k, p, max_top_k) -> torch.Tensor:
         if self._triton_ascend:
+            self.check_on_device(logits=logits, k=k, p=p)
             from .triton.sampling import BYTES_PER_TOKEN, apply_top_k_top_p_triton
 
             block = ascend_vocab_tile(BYTES_PER_TOKEN)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ..backends.transfer import to_device
 from ..sampling.rejection import rejection_sample
 from ..sampling.sampler import Sampler, SamplingMetadata
 from ..sampling.tree_step import sample_plan
@@ -71,11 +72,12 @@ def tree_spec_step(
     tokens, `draft_probs` (N, V) or None (point-mass drafts), `metadata` one row per sequence.
     Without drafts the bonus rows are planned like any step (dense rows past the crossover, width
     buckets); with drafts every row shares one sparse layout."""
+    tree.check_device(logits, "logits")  # the tree's kernels read the logits rows
     counts = [len(d) for d in drafts]
     batch, vocab = len(drafts), logits.shape[-1]
     device = logits.device
     if sum(counts) == 0:
-        states = torch.tensor(list(host_states), dtype=torch.int64).to(tree.device, non_blocking=True)
+        states = to_device(torch.tensor(list(host_states), dtype=torch.int64), tree.device)
         plan = plan_tree_step(tree, states, vocab, host_states=host_states, sparse_max_fraction=sparse_max_fraction)
         out = sample_plan(sampler, plan, logits, metadata)
         return [[t] for t in out.sampled_token_ids[:, 0].tolist()]
@@ -83,10 +85,10 @@ def tree_spec_step(
     ptr = tree.host.allow_ptr
     widths = host_widths(tree, host)
     width = int(widths.max()) + 1  # the last column is never allowed: drafts the tree rejects point there
-    to_device = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True)  # noqa: E731
+    upload = lambda a: to_device(torch.from_numpy(np.ascontiguousarray(a)), device)  # noqa: E731
     group = SparseRows(
-        tree, to_device(np.arange(len(host))), None, to_device(host), to_device(ptr[host].astype(np.int64)),
-        to_device(widths), width,
+        tree, upload(np.arange(len(host))), None, upload(host), upload(ptr[host].astype(np.int64)),
+        upload(widths), width,
     )
     gathered = group.gather(logits)
     # Row of each draft and of each bonus position in the (N + B) layout.
@@ -94,7 +96,7 @@ def tree_spec_step(
     draft_rows = np.concatenate([np.arange(offsets[i], offsets[i] + counts[i]) for i in range(batch)]).astype(np.int64)
     bonus_rows = offsets[1:] - 1
     draft_columns = torch.from_numpy(_draft_columns(tree, host[draft_rows], [t for d in drafts for t in d], vocab, width)).to(device)
-    draft_index, bonus_index = to_device(draft_rows), to_device(bonus_rows)
+    draft_index, bonus_index = upload(draft_rows), upload(bonus_rows)
     gathered_probs = None
     if draft_probs is not None:
         ids, valid = group.all_token_ids()
@@ -107,7 +109,7 @@ def tree_spec_step(
     )
     # Output position j of sequence r was drawn from layout row offsets[r] + j.
     positions = torch.arange(out.shape[1], device=device)
-    layout_rows = (to_device(offsets[:-1]).unsqueeze(1) + positions).clamp(max=len(host) - 1)
+    layout_rows = (upload(offsets[:-1]).unsqueeze(1) + positions).clamp(max=len(host) - 1)
     starts, row_widths = group.starts[layout_rows], group.widths[layout_rows]
     tokens = tree.allow_tok[starts + torch.minimum(out.clamp(min=0).long(), row_widths - 1)].long()
     tokens = torch.where(out >= 0, tokens, -1)

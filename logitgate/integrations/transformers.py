@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..backends.transfer import to_device
 from ..structured.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace, bitmask_from_token_ids
 from ..structured.grammar import Grammar, GrammarBackend
 from ..structured.manager import DEFAULT_KIND_BACKENDS
@@ -150,7 +151,7 @@ class TreeLogitsProcessor(_HFLogitsProcessor):
         bitmask = allocate_token_bitmask(rows, vocab, device=self.tree.device)
         self.tree.fill_bitmask(states, bitmask)
         scores = scores.clone()  # transformers expects a new tensor; callers may reuse the input
-        apply_token_bitmask_inplace(scores, bitmask.to(scores.device, non_blocking=True))
+        apply_token_bitmask_inplace(scores, to_device(bitmask, scores.device))
         return scores
 
 
@@ -328,7 +329,7 @@ class GrammarLogitsProcessor(_HFLogitsProcessor):
             host[i] = host[source]
         scores = scores.clone()
         vocab = scores.shape[1]
-        apply_token_bitmask_inplace(scores, bitmask.to(scores.device, non_blocking=True), vocab_size=min(vocab, self.vocab_size))
+        apply_token_bitmask_inplace(scores, to_device(bitmask, scores.device), vocab_size=min(vocab, self.vocab_size))
         if vocab > self.vocab_size:
             scores[:, self.vocab_size :] = float("-inf")  # LM-head padding: no token of the grammar
         return scores

@@ -21,6 +21,7 @@ import torch
 from ..backends import Backend, backend_for_tensor
 from ..backends.formats import rejection_output
 from ..backends.sampling_rules import tempered_logits
+from ..backends.transfer import to_device
 from ..checks import is_integer
 from .ops import as_generator_dict, check_top_p_values
 
@@ -283,7 +284,7 @@ def host_spec_layout(counts: Sequence[int], device: torch.device):
     sizes = np.asarray(counts, dtype=np.int64)
     ends = np.cumsum(sizes)
     host = (ends.astype(np.int32), ends - sizes, sizes, np.repeat(np.arange(len(sizes), dtype=np.int64), sizes))
-    return tuple(torch.from_numpy(a).to(device, non_blocking=True) for a in host)
+    return tuple(to_device(torch.from_numpy(a), device) for a in host)
 
 
 def _check_temperature(temperature, batch_size: int, device: torch.device) -> tuple[torch.Tensor | None, bool, bool]:
@@ -306,7 +307,7 @@ def _check_temperature(temperature, batch_size: int, device: torch.device) -> tu
         raise ValueError(f"temperature is on {temperature.device} but target_logits on {device}")
     else:
         has_greedy = has_random = True
-    return temperature.to(device=device, dtype=torch.float32, non_blocking=True), has_greedy, has_random
+    return to_device(temperature, device, torch.float32), has_greedy, has_random
 
 
 def _check_per_request(name: str, value, batch_size: int, device: torch.device, *, integer: bool, check_values=None):
@@ -320,7 +321,7 @@ def _check_per_request(name: str, value, batch_size: int, device: torch.device, 
         raise ValueError(f"{name} is on {value.device} but target_logits on {device}")
     if check_values is not None:
         check_values(value, name)  # before the copy to the device: reading host values is free
-    return value.to(device, non_blocking=True)
+    return to_device(value, device)
 
 
 # ---- outputs and the probability-level convenience API ----

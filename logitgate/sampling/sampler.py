@@ -22,6 +22,7 @@ import torch
 
 from ..backends import Backend, backend_for_tensor, get_backend
 from ..backends.base import SamplingNoise
+from ..backends.transfer import to_device
 from . import ops
 from .params import SAMPLING_EPS, SamplingParams, SamplingType
 from .processors.state import LogitsProcessors
@@ -87,7 +88,7 @@ class SamplingMetadata:
         all_greedy, all_random = all(greedy), not any(greedy)
 
         def upload(values, dtype):
-            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+            return to_device(torch.tensor(values, dtype=dtype), device)
 
         top_k = [p.top_k for p in params]
         top_p = [p.top_p for p in params]

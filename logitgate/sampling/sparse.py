@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..backends.transfer import to_device
 from .processors.state import LogitsProcessors
 from .sampler import LogprobsTensors, Sampler, SamplerOutput, SamplingMetadata
 
@@ -46,7 +47,7 @@ def select_rows(metadata: SamplingMetadata, rows: Sequence[int], device: torch.d
     indexed on the device; generators follow their rows; prefetched noise is dropped (it was drawn
     for the whole batch's shape)."""
     _check_no_processors(metadata)
-    index = torch.tensor(list(rows), dtype=torch.int64).to(device, non_blocking=True)
+    index = to_device(torch.tensor(list(rows), dtype=torch.int64), device)
 
     def pick(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.index_select(0, index.to(t.device))
@@ -107,7 +108,7 @@ def sample_layouts(
         out = sampler(_pad_columns(layout.logits, width), select_rows(metadata, rows, device))
         if layout.token_ids is not None:
             out = _mapped(out, layout.token_ids)
-        index = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+        index = to_device(torch.tensor(rows, dtype=torch.int64), device)
         sampled.index_copy_(0, index, out.sampled_token_ids)
         if out.logprobs_tensors is not None:
             parts.append((index, out.logprobs_tensors))

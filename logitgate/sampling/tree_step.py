@@ -31,8 +31,8 @@ def _check_plan(plan: TreeStepPlan, logits: torch.Tensor) -> None:
     """The plan fits `logits`: same device as its trees, and every planned row inside the batch
     (the candidate kernels read logits rows unchecked)."""
     for part in (plan.dense, *plan.sparse):
-        if part is not None and part.tree.device != logits.device:
-            raise ValueError(f"logits are on {logits.device} but the tree is on {part.tree.device}")
+        if part is not None:
+            part.tree.check_device(logits, "logits")
     if logits.dim() != 2 or plan.batch_size > logits.shape[0]:
         raise ValueError(
             f"the plan covers batch rows up to {plan.batch_size - 1} but logits have shape {tuple(logits.shape)}"

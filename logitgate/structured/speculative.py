@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ..backends import Backend
+from ..backends.transfer import to_device
 from ..checks import is_integer, short_repr
 from .bitmask import apply_token_bitmask_inplace
 
@@ -108,11 +109,11 @@ def apply_grammar_bitmask(
     else:
         source_device = grammar_bitmask.device
         ordered = torch.full((num_logit_rows, grammar_bitmask.shape[1]), -1, dtype=grammar_bitmask.dtype, device=source_device)
-        dst = torch.tensor(logit_rows, dtype=torch.int64).to(source_device, non_blocking=True)
-        src = torch.tensor(manager_rows, dtype=torch.int64).to(source_device, non_blocking=True)
+        dst = to_device(torch.tensor(logit_rows, dtype=torch.int64), source_device)
+        src = to_device(torch.tensor(manager_rows, dtype=torch.int64), source_device)
         ordered[dst] = grammar_bitmask[src]
         indices = logit_rows  # a host list: the apply never reads indices back from the device
-    ordered = ordered.to(logits.device, non_blocking=True)
+    ordered = to_device(ordered, logits.device)
     apply_token_bitmask_inplace(logits, ordered, indices=indices, vocab_size=vocab_size, backend=backend)
 
 

@@ -400,14 +400,19 @@ class TreeDFA:
         """int64 (batch_size,) root states on the tree's device."""
         return torch.full((batch_size,), self.root, dtype=torch.int64, device=self.device)
 
+    def check_device(self, tensor: torch.Tensor, name: str) -> None:
+        """ValueError naming `name` (plural: "logits", "states") unless `tensor` is on the tree's
+        device: the tree's kernels read it there."""
+        if tensor.device != self.device:
+            raise ValueError(f"{name} are on {tensor.device} but the tree is on {self.device}")
+
     def check_states(self, states: torch.Tensor, name: str = "states") -> torch.Tensor:
         """`states` (returned as given) if it is a 1-D int32/int64 tensor on the tree's device;
         ValueError otherwise, and, for states on the host (where it is free), for an entry that is
         not a state of this tree. `name` names the argument in the message."""
         if not isinstance(states, torch.Tensor) or states.dtype not in (torch.int32, torch.int64) or states.dim() != 1:
             raise ValueError(f"{name} must be a 1-D int32/int64 tensor")
-        if states.device != self.device:
-            raise ValueError(f"{name} are on {states.device} but the tree is on {self.device}")
+        self.check_device(states, name)
         if name == "states" and states.device.type == "cpu" and not torch.equal(states.clamp(0, self.num_states - 1), states):
             # Free on the host (a negative state would wrap to another one); on a device it would
             # be a sync, so there states are the caller's responsibility.

@@ -36,6 +36,7 @@ import torch
 from .. import envs
 from ..backends.base import CandidateRows
 from ..backends.formats import num_bitmask_words
+from ..backends.transfer import to_device
 from ..checks import short_repr
 from .tree import TreeDFA
 
@@ -257,8 +258,8 @@ def plan_tree_step(
     batch = max(row_list) + 1 if row_list else 0
     device = states.device
     on_host = device.type == "cpu"
-    to_device = (lambda a: torch.from_numpy(a)) if on_host else (lambda a: torch.from_numpy(a).to(device, non_blocking=True))  # noqa: E731
-    all_rows = _identity_rows(n, device) if row_array is None else to_device(row_array)
+    upload = (lambda a: torch.from_numpy(a)) if on_host else (lambda a: to_device(torch.from_numpy(a), device))  # noqa: E731
+    all_rows = _identity_rows(n, device) if row_array is None else upload(row_array)
     limit = fraction * vocab_size
     host = None
     if exact is False:
@@ -284,15 +285,15 @@ def plan_tree_step(
     if tree.max_width <= limit and n * tree.max_width <= _GROUP_COST:
         # A narrow tree (catalogs): whatever the states, no row is dense and no split can pay.
         # One group as wide as the tree's widest state (a bounded padding), no reductions.
-        group = SparseRows(tree, all_rows, row_list, states, to_device(starts), to_device(widths), tree.max_width)
+        group = SparseRows(tree, all_rows, row_list, states, upload(starts), upload(widths), tree.max_width)
         return TreeStepPlan(batch, vocab_size, None, (group,))
 
     def pick(index: np.ndarray) -> tuple[torch.Tensor, list[int], torch.Tensor]:
         if len(index) == n:
             return all_rows, row_list, states
         picked = index if row_array is None else row_array[index]
-        picked_states = to_device(host[index]) if on_host else states[to_device(index)]
-        return to_device(picked), picked.tolist(), picked_states
+        picked_states = upload(host[index]) if on_host else states[upload(index)]
+        return upload(picked), picked.tolist(), picked_states
 
     if int(widths.max()) <= limit:  # the usual case: no dense row
         dense, sparse_idx = None, None
@@ -309,7 +310,7 @@ def plan_tree_step(
             else:
                 group_starts, group_widths = starts[index], widths[index]
             groups.append(SparseRows(
-                tree, *pick(index), to_device(group_starts), to_device(group_widths), int(group_widths.max()),
+                tree, *pick(index), upload(group_starts), upload(group_widths), int(group_widths.max()),
             ))
     return TreeStepPlan(batch, vocab_size, dense, tuple(groups))
 
@@ -340,8 +341,7 @@ def keep_only_allowed(
     docs/trees.md, "Tree decode steps that cost what the tree allows"). `max_width` bounds the rows' widths (default the tree's
     widest state); rows must be distinct; no host sync. Returns logits."""
     states = tree.check_states(states).long()
-    if logits.device != tree.device:
-        raise ValueError(f"logits are on {logits.device} but the tree is on {tree.device}")
+    tree.check_device(logits, "logits")
     if tree.max_token_id >= logits.shape[-1]:
         raise ValueError(f"the tree uses token id {tree.max_token_id} but the logits have only {logits.shape[-1]} columns")
     if rows is None:

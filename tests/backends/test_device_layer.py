@@ -68,7 +68,8 @@ def fake_torch_npu(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", sorted(FAKE_TORCH_NPU))
-def test_broken_torch_npu_falls_back_with_one_warning(fake_torch_npu, kind):
+def test_broken_torch_npu_falls_back_with_one_warning(fake_torch_npu, kind, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # no CUDA either (also on a GPU host)
     fake_torch_npu(kind)
     with pytest.warns(RuntimeWarning, match="NPU unusable") as record:
         probe = probe_npu()
@@ -82,6 +83,7 @@ def test_broken_torch_npu_falls_back_with_one_warning(fake_torch_npu, kind):
 def test_doctor_shows_why_npu_is_unusable(fake_torch_npu):
     path = fake_torch_npu("oserror")
     env = dict(os.environ, PYTHONPATH=path + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env["CUDA_VISIBLE_DEVICES"] = ""  # no CUDA either (also on a GPU host): the fallback is the CPU
     out = subprocess.run(
         [sys.executable, "-m", "logitgate", "doctor"], capture_output=True, text=True, env=env, timeout=120
     )
@@ -151,13 +153,16 @@ def test_cli_rejects_unknown_device():
     assert main(["doctor", "--device", "tpu"]) == 2
 
 
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs TRITON_INTERPRET=1 from the start: Triton picks interpreter or compiler as it defines the kernels",
+)
 def test_npu_emulated_triton_is_selectable_by_name(monkeypatch):
     """`LOGITGATE_DEVICE=npu-emulated-triton` (or --device) runs the triton-ascend kernels on CPU
     tensors under TRITON_INTERPRET=1, as an Ascend host with triton-ascend would; doctor shows it."""
     pytest.importorskip("triton")
     from logitgate.cli.doctor import format_report, report
 
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("LOGITGATE_DEVICE", "npu-emulated-triton")
     backend = backend_for_tensor(torch.zeros(1))
     assert backend.name == "npu-emulated-triton" and backend.bitmask_path == BITMASK_TRITON
@@ -182,3 +187,35 @@ def test_npu_emulated_triton_without_the_interpreter_says_why(monkeypatch):
     with pytest.raises(DeviceUnavailableError, match="npu-emulated-triton.*TRITON_INTERPRET=1"):
         get_backend("npu-emulated-triton")
     assert "TRITON_INTERPRET=1" in report("npu-emulated-triton")["backend"]["error"]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+def test_triton_kernel_entries_name_a_tensor_on_another_device():
+    """The device backends' Triton entry points check where their tensors are: a tensor on another
+    device (CPU tensors given to CUDA on the GPU check) is named, not Triton's "Pointer argument
+    cannot be accessed from Triton (cpu tensor?)". Here the backend runs on the CPU, the tensor is
+    on meta."""
+    from logitgate.backends.base import CandidateRows
+
+    backend = EmulatedNpuBackend(triton_ascend=True, vector_cores=4)
+    meta = torch.zeros(2, 64, device="meta")
+    index = torch.zeros(2, dtype=torch.int64)
+    candidates = CandidateRows(index, index, index, torch.zeros(4, dtype=torch.int32), 1)
+    message = "logits is on meta but backend 'npu-emulated-triton' runs on cpu"
+    with pytest.raises(ValueError, match=message):
+        backend.gather_candidate_logits(meta, candidates)
+    with pytest.raises(ValueError, match=message):
+        backend.keep_candidate_logits(meta, candidates)
+    with pytest.raises(ValueError, match="starts is on meta"):
+        backend.gather_candidate_logits(torch.zeros(2, 64), candidates._replace(starts=index.to("meta")))
+    with pytest.raises(ValueError, match="bitmask is on meta"):
+        backend.fill_tree_bitmask(torch.zeros(2, 2, dtype=torch.int32, device="meta"), index, index, candidates.allow_tok, index, 1, None, None)
+    with pytest.raises(ValueError, match="target_logits is on meta"):
+        backend.rejection_greedy_accept(torch.tensor([1, 2], dtype=torch.int32), index, meta, None)
+    with pytest.raises(ValueError, match="noise is on meta"):
+        backend.rejection_recover(torch.tensor([1, 2], dtype=torch.int32), index, torch.zeros(2, 64), None, None,
+                                  index.int(), torch.zeros(2), meta, None)
+    with pytest.raises(ValueError, match="bitmask is on meta"):
+        backend.apply_token_bitmask(torch.zeros(2, 64), torch.zeros(2, 2, dtype=torch.int32, device="meta"), None, 64)
+    with pytest.raises(ValueError, match="p is on meta"):
+        backend.apply_top_k_top_p(torch.zeros(2, 64), None, torch.ones(2, device="meta"), None)

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from logitgate.backends import reference as R
 from logitgate.backends.cpu.rejection_kernels import exp_nonpositive
 from logitgate.backends.triton.launch import ascend_grid_and_block
+from tests.helpers.devices import to_device
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -58,7 +59,7 @@ def near_decision(cu, drafts, logits, temperature, probs, uniform, rel=1e-4):
 def test_greedy_accept_matches_reference(backend, case):
     cu, drafts, logits, _, _, active, _, _ = make_case(*case)
     expected = R.rejection_greedy_accept_reference(cu, drafts, logits, active)
-    got = backend.rejection_greedy_accept(cu, drafts, logits, active)
+    got = backend.rejection_greedy_accept(*to_device((cu, drafts, logits, active), backend.device))
     assert torch.equal(got[0].cpu(), expected[0])
     assert torch.equal(got[1].cpu(), expected[1])
 
@@ -67,7 +68,7 @@ def test_greedy_accept_matches_reference(backend, case):
 def test_random_accept_matches_reference(backend, case):
     cu, drafts, logits, probs, temperature, active, uniform, _ = make_case(*case)
     acc_ref, lse_ref = R.rejection_random_accept_reference(cu, drafts, logits, temperature, probs, uniform, active)
-    acc, lse = backend.rejection_random_accept(cu, drafts, logits, temperature, probs, uniform, active)
+    acc, lse = backend.rejection_random_accept(*to_device((cu, drafts, logits, temperature, probs, uniform, active), backend.device))
     acc, lse = acc.cpu(), lse.cpu()
     if not torch.equal(acc, acc_ref):
         # Only a draft whose ratio target_p / draft_p ties its uniform to float precision may differ.
@@ -129,7 +130,8 @@ def test_recover_matches_reference(backend, case, accepted_from):
         expected_fn = R.rejection_recover_exponential_reference
     needed, weights = R.recovery_weights_reference(cu, drafts, logits, temperature, probs, accepted, row_lse, active)
     expected = expected_fn(needed, weights, noise)
-    got = backend.rejection_recover(cu, drafts, logits, temperature, probs, accepted, row_lse, noise, active).cpu()
+    args = to_device((cu, drafts, logits, temperature, probs, accepted, row_lse, noise, active), backend.device)
+    got = backend.rejection_recover(*args).cpu()
     assert got.dtype == torch.int32 and got.shape == (b,)
     if not torch.equal(got, expected):
         assert_valid_draw(got, needed, weights, noise, backend.recovery_noise)
@@ -158,7 +160,7 @@ def test_greedy_argmax_follows_torch_on_nan_ties_and_infinities(backend):
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [1.0, nan, 5.0, nan], [-inf, -inf, -inf, -inf], [inf, 0.0, inf, 1.0]])
     cu = torch.tensor([1, 2, 3, 4], dtype=torch.int32)
     drafts = torch.tensor([2, 2, 1, 0])
-    accepted, correction = backend.rejection_greedy_accept(cu, drafts, logits, None)
+    accepted, correction = backend.rejection_greedy_accept(*to_device((cu, drafts, logits), backend.device), None)
     assert accepted.tolist() == [0, 0, 0, 1]
     assert correction.tolist() == [1, 1, 0, 0]  # first max, first NaN, 0 for an all -inf row
 
@@ -171,6 +173,7 @@ def test_rows_after_a_rejection_do_not_matter(backend):
     cu = torch.tensor([4], dtype=torch.int32)
     poisoned = logits.clone()
     poisoned[2:] = float("nan")
+    cu, drafts, logits, poisoned = to_device((cu, drafts, logits, poisoned), backend.device)
     assert torch.equal(backend.rejection_greedy_accept(cu, drafts, logits, None)[0], backend.rejection_greedy_accept(cu, drafts, poisoned, None)[0])
 
 

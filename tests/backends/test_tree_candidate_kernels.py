@@ -11,6 +11,7 @@ from logitgate.backends.reference import (
     gather_candidate_logits_reference,
     keep_candidate_logits_reference,
 )
+from tests.helpers.devices import to_device
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -43,7 +44,8 @@ def test_gather_candidate_logits_matches_reference(case, dtype, backend):
     starts, widths, allow_tok = _tables(lists, states)
     width = (int(widths.max()) if len(rows) else 0) + extra
     rows_t = torch.tensor(rows, dtype=torch.int64)
-    got = backend.gather_candidate_logits(logits, CandidateRows(rows_t, starts, widths, allow_tok, width))
+    candidates = CandidateRows(rows_t, starts, widths, allow_tok, width)
+    got = backend.gather_candidate_logits(*to_device((logits, candidates), backend.device)).cpu()
     want = gather_candidate_logits_reference(logits, rows_t, starts, widths, allow_tok, width)
     assert got.dtype == torch.float32 and got.shape == (len(rows), width)
     assert torch.equal(got, want)
@@ -70,7 +72,8 @@ def test_candidate_argmax_is_the_dense_argmax_of_the_masked_row(case, dtype, spe
     starts, widths, allow_tok = _tables(lists, states)
     width = (int(widths.max()) if len(rows) else 0) + extra
     rows_t = torch.tensor(rows, dtype=torch.int64)
-    got = backend.candidate_argmax(logits, CandidateRows(rows_t, starts, widths, allow_tok, width))
+    candidates = CandidateRows(rows_t, starts, widths, allow_tok, width)
+    got = backend.candidate_argmax(*to_device((logits, candidates), backend.device)).cpu()
     want = candidate_argmax_reference(logits, rows_t, starts, widths, allow_tok, width)
     assert got.dtype == torch.int64 and torch.equal(got, want)
     for i, (r, s) in enumerate(zip(rows, states)):  # the contract: argmax of the masked full row
@@ -86,8 +89,9 @@ def test_keep_candidate_logits_matches_reference(case, dtype, backend):
     starts, widths, allow_tok = _tables(lists, states)
     width = (int(widths.max()) if len(rows) else 0) + extra
     rows_t = torch.tensor(rows, dtype=torch.int64)
-    got, want = logits.clone(), logits.clone()
-    backend.keep_candidate_logits(got, CandidateRows(rows_t, starts, widths, allow_tok, width))
+    got, want = logits.clone().to(backend.device), logits.clone()
+    backend.keep_candidate_logits(got, to_device(CandidateRows(rows_t, starts, widths, allow_tok, width), backend.device))
+    got = got.cpu()
     keep_candidate_logits_reference(want, rows_t, starts, widths, allow_tok, width)
     assert torch.equal(got, want)
     for r in range(batch):
@@ -113,20 +117,20 @@ def test_argmax_matches_torch(rows, vocab, seed, specials, backend):
     for name in specials:
         r, c = int(torch.randint(rows, (1,), generator=g)), int(torch.randint(vocab, (1,), generator=g))
         logits[r, c] = logits[r].max() if name == "tie" else values[name]
-    assert torch.equal(backend.argmax(logits), logits.argmax(dim=-1))
+    assert torch.equal(backend.argmax(logits.to(backend.device)).cpu(), logits.argmax(dim=-1))
 
 
 @pytest.mark.parametrize("value", [float("-inf"), -0.0, 0.0])
 def test_argmax_of_constant_rows_is_the_first_index(value, backend):
     logits = torch.full((3, 1000), value)
     logits[1, 500] = -0.0 if value == 0.0 else value  # -0.0 == 0.0: still a tie
-    assert backend.argmax(logits).tolist() == [0, 0, 0]
+    assert backend.argmax(logits.to(backend.device)).tolist() == [0, 0, 0]
 
 
 def test_argmax_wide_rows(backend):
     logits = torch.randn(4, 131072, generator=torch.Generator().manual_seed(3))
     logits[2, 7] = logits[2, 99999] = logits[2].max() + 1  # a tie at the top: the first wins
-    assert torch.equal(backend.argmax(logits), logits.argmax(dim=-1))
+    assert torch.equal(backend.argmax(logits.to(backend.device)).cpu(), logits.argmax(dim=-1))
 
 
 def _cdf_margin(values, top_k, top_p, temperature, greedy, uniform) -> float:
@@ -189,7 +193,7 @@ def test_sample_candidates_matches_reference(case, dtype, filters, mix, specials
     values = gather_candidate_logits_reference(logits, rows_t, starts, widths, allow_tok, width)
     assume(_cdf_margin(values, top_k, top_p, temperature, greedy, uniform) > 1e-5)
     args = (rows_t, starts, widths, allow_tok, width, temperature, greedy, top_k, top_p, uniform)
-    on_device = [a.to(backend.device) if isinstance(a, torch.Tensor) else a for a in args]
+    on_device = to_device(args, backend.device)
     got = backend.sample_candidates(logits.to(backend.device), CandidateRows(*on_device[:5]), *on_device[5:])
     want = sample_candidates_reference(logits, *args)
     assert got.dtype == torch.int64 and got.shape == (n,)

@@ -20,6 +20,7 @@ from logitgate.backends.reference import (
     unpack_bitmask,
 )
 from logitgate.structured.tree_candidates import keep_only_allowed, plan_tree_step
+from tests.helpers.devices import to_device
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
@@ -62,7 +63,7 @@ def test_gather_reads_only_the_candidates(case, dtype, strided, backend):
     base = torch.randn(batch, vocab + 5, generator=torch.Generator().manual_seed(seed)).to(dtype)
     logits = base[:, 2 : vocab + 2] if strided else base[:, :vocab].contiguous()
     args = _args(lists, starts, flat, rows, picks, extra)
-    got = backend.gather_candidate_logits(logits, args)
+    got = backend.gather_candidate_logits(*to_device((logits, args), backend.device)).cpu()
     assert torch.equal(got, gather_candidate_logits_reference(logits, *args))
     for i, (r, p) in enumerate(zip(rows, picks)):
         assert got[i, : len(lists[p])].tolist() == logits[r, lists[p]].float().tolist()
@@ -77,8 +78,9 @@ def test_keep_reads_only_the_candidates(case, dtype, strided, backend):
     args = _args(lists, starts, flat, rows, picks, extra)
     want = logits.clone()
     keep_candidate_logits_reference(want, *args)
-    got = logits.clone() if not strided else base.clone()[:, :vocab]
-    backend.keep_candidate_logits(got, args)
+    got = logits.clone().to(backend.device) if not strided else base.to(backend.device, copy=True)[:, :vocab]
+    backend.keep_candidate_logits(got, to_device(args, backend.device))
+    got = got.cpu()
     assert torch.equal(got, want)
     for r in range(batch):
         expected = logits[r].clone()
@@ -99,9 +101,12 @@ def test_wide_rows_cross_tiles(width, backend):
     rows, picks = [2, 0, 1], [0, 1, 2]
     logits = torch.randn(3, vocab, generator=g)
     args = _args(lists, starts, flat, rows, picks, 0)
-    assert torch.equal(backend.gather_candidate_logits(logits, args), gather_candidate_logits_reference(logits, *args))
-    got, want = logits.clone(), logits.clone()
-    backend.keep_candidate_logits(got, args)
+    on_device = to_device(args, backend.device)
+    gathered = backend.gather_candidate_logits(logits.to(backend.device), on_device).cpu()
+    assert torch.equal(gathered, gather_candidate_logits_reference(logits, *args))
+    got, want = logits.clone().to(backend.device), logits.clone()
+    backend.keep_candidate_logits(got, on_device)
+    got = got.cpu()
     keep_candidate_logits_reference(want, *args)
     assert torch.equal(got, want)
     assert torch.isinf(got[1]).all() and torch.equal(got[0, lists[1]], logits[0, lists[1]])
@@ -144,9 +149,10 @@ def test_fill_tree_bitmask_with_padded_lists_and_empty_states(vocab, lists, dens
         torch.tensor(picks, dtype=torch.int64), torch.tensor(starts), torch.tensor(flat, dtype=torch.int32),
         fill_width, int(fill_width.max()), dense_rows, dense_slot,
     )
-    got = torch.full((len(picks), words), 777, dtype=torch.int32)
-    want = got.clone()
-    backend.fill_tree_bitmask(got, *args)
+    got = torch.full((len(picks), words), 777, dtype=torch.int32, device=backend.device)
+    want = got.cpu()  # a copy where got is on a device
+    backend.fill_tree_bitmask(got, *to_device(args, backend.device))
+    got = got.cpu()
     fill_tree_bitmask_reference(want, *args)
     assert torch.equal(got, want)
     bits = unpack_bitmask(got, words * 32)

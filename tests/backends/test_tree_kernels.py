@@ -5,6 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from logitgate.backends.reference import gather_csr_rows, pack_bitmask, unpack_bitmask
+from tests.helpers.devices import to_device
 
 
 @st.composite
@@ -33,13 +34,11 @@ def test_fill_tree_bitmask_matches_its_contract(case, backend):
         allowed[k + 1, rows[i]] = True
     dense_rows = pack_bitmask(allowed) if dense_ids else None
     words = (vocab + 31) // 32 + extra_words
-    bitmask = torch.full((len(states), words), 12345, dtype=torch.int32)
+    bitmask = torch.full((len(states), words), 12345, dtype=torch.int32, device=backend.device)
     max_width = int(fill_width.max())
-    backend.fill_tree_bitmask(
-        bitmask, torch.tensor(states, dtype=torch.int64), starts, tokens, fill_width, max_width,
-        dense_rows, slot if dense_ids else None,
-    )
-    got = unpack_bitmask(bitmask, words * 32)
+    args = (torch.tensor(states, dtype=torch.int64), starts, tokens, fill_width, max_width, dense_rows, slot if dense_ids else None)
+    backend.fill_tree_bitmask(bitmask, *to_device(args, backend.device))
+    got = unpack_bitmask(bitmask.cpu(), words * 32)
     for r, s in enumerate(states):
         expected = torch.zeros(words * 32, dtype=torch.bool)
         expected[rows[s]] = True

@@ -24,7 +24,9 @@ class Bigram:
 
 
 TARGET, DRAFT = Bigram(0), Bigram(1)
-TREE = TreeDFA.from_sequences(PATHS, end_token_id=EOS, vocab_size=V)
+# generate() decodes on the CPU here (its default device), so the trees are built there: a tree on
+# another device than the logits is masked densely, never through the sparse tree step.
+TREE = TreeDFA.from_sequences(PATHS, end_token_id=EOS, vocab_size=V, device="cpu")
 
 
 def exact_distribution(model: Bigram, temperature: float = 1.0) -> dict[tuple, float]:
@@ -107,7 +109,7 @@ def test_tree_steps_sparse_and_dense_emit_the_same_greedy_tokens(spec):
 
 
 def test_forced_tokens_are_emitted_without_target_passes():
-    tree = TreeDFA.from_sequences([[3, 4, 5, 6, 7]], end_token_id=EOS, vocab_size=V)
+    tree = TreeDFA.from_sequences([[3, 4, 5, 6, 7]], end_token_id=EOS, vocab_size=V, device="cpu")
     req = [Request([ROOT], SamplingParams(temperature=1.0, max_tokens=10, seed=0), tree=tree)]
     with_forced = generate(TARGET, req, eos_token_id=EOS)
     assert with_forced.outputs[0].token_ids == [3, 4, 5, 6, 7, EOS]
@@ -188,7 +190,7 @@ def test_bad_options():
 # ---- batches mixing tree sequences with others (issue 11): tree rows sparse, the rest dense ----
 
 OTHER_PATHS = [[2, 3], [2, 5, 6], [9]]
-OTHER_TREE = TreeDFA.from_sequences(OTHER_PATHS, end_token_id=EOS, vocab_size=V)
+OTHER_TREE = TreeDFA.from_sequences(OTHER_PATHS, end_token_id=EOS, vocab_size=V, device="cpu")
 
 
 def _manager(xgrammar):

@@ -14,8 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, ops
-from logitgate.sampling.rejection import rejection_sample
+from logitgate.sampling import rejection as _rejection
+from tests.helpers.devices import on_backend_device, to_device
 from tests.helpers.sampling_helpers import interpreted_triton
+
+# Inputs are built on the CPU; a call with backend= runs them on that backend's device.
+rejection_sample = on_backend_device(_rejection.rejection_sample)
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
 
@@ -98,7 +102,8 @@ def check_sampler_rows(backend, data, *, max_rows, max_vocab):
             )
         )
     raw = logits.tolist()
-    out = Sampler(backend=backend)(logits.clone(), SamplingMetadata.from_params(params)).sampled_token_ids[:, 0].tolist()
+    metadata = SamplingMetadata.from_params(params, device=backend.device)
+    out = Sampler(backend=backend)(logits.to(backend.device), metadata).sampled_token_ids[:, 0].tolist()
     for r, (token, p) in enumerate(zip(out, params)):
         assert 0 <= token < vocab, (r, token)
         if p.temperature == 0.0:
@@ -125,7 +130,7 @@ def test_random_sample_rows_without_a_total_give_the_fallback_token(backend, dat
         elif kind == "all_nan":
             probs[r] = NAN
     raw = probs.tolist()
-    out = ops.random_sample(probs, backend=backend).tolist()
+    out = ops.random_sample(probs.to(backend.device), backend=backend).tolist()
     for r, token in enumerate(out):
         total = sum(raw[r])
         if not (math.isfinite(total) and total > 0):
@@ -189,8 +194,8 @@ def test_unchecked_top_p_values_mean_the_same_on_every_backend(backend, p):
     # smallest p does, NaN and p >= 1 leave the row alone.
     base = torch.randn(3, 40, generator=torch.Generator().manual_seed(1))
     base[:, 5] = base[:, 6] = base.max() + 1  # a tie at the top
-    got = backend.apply_top_k_top_p(base.clone(), None, torch.full((3,), p), None)
-    kept = torch.isfinite(got)
+    got = backend.apply_top_k_top_p(base.to(backend.device), None, torch.full((3,), p, device=backend.device), None)
+    kept = torch.isfinite(got).cpu()
     if math.isnan(p) or p >= 1:
         assert bool(kept.all())
     else:
@@ -227,6 +232,10 @@ def test_rejection_kernels_on_rows_without_a_distribution_match_reference(backen
         expected_token.append(fallbacks[start + a] if on and a < c else 0)
         start += c
     for impl in (R, backend):
+        if impl is backend:  # the backend's kernels take their inputs on its device
+            cu, drafts, logits, temperature, probs, uniform, active = to_device(
+                (cu, drafts, logits, temperature, probs, uniform, active), backend.device
+            )
         accept = R.rejection_random_accept_reference if impl is R else backend.rejection_random_accept
         accepted, row_lse = accept(cu, drafts, logits, temperature, probs, uniform, active)
         assert accepted.tolist() == expected_accepted
@@ -236,5 +245,6 @@ def test_rejection_kernels_on_rows_without_a_distribution_match_reference(backen
         else:
             noise = torch.rand(len(counts), dtype=torch.float64) if backend.recovery_noise == "uniform" else (
                 torch.empty(len(counts), vocab).exponential_())
+            noise = noise.to(backend.device)
             token = backend.rejection_recover(cu, drafts, logits, temperature, probs, accepted, row_lse, noise, active)
         assert token.tolist() == expected_token

@@ -2,7 +2,13 @@
 import pytest
 import torch
 
-from logitgate.sampling.rejection import MAX_SPEC_LEN, chain_speculative_sampling, parse_output, rejection_sample
+from logitgate.sampling import rejection as _rejection
+from logitgate.sampling.rejection import MAX_SPEC_LEN, parse_output
+from tests.helpers.devices import on_backend_device
+
+# The tests build their inputs on the CPU; a call with backend= runs them on that backend's device.
+rejection_sample = on_backend_device(_rejection.rejection_sample)
+chain_speculative_sampling = on_backend_device(_rejection.chain_speculative_sampling)
 
 VOCAB = 100
 
@@ -179,7 +185,7 @@ def test_seeded_requests_are_deterministic(backend):
 
     def run(seed, global_seed):
         torch.manual_seed(global_seed)
-        gens = {0: torch.Generator().manual_seed(seed), 2: torch.Generator().manual_seed(seed + 1)}
+        gens = {0: torch.Generator(backend.device).manual_seed(seed), 2: torch.Generator(backend.device).manual_seed(seed + 1)}
         return rejection_sample(
             drafts, counts, logits, torch.tensor([1, 2, 3]), draft_probs=probs, temperature=temperature,
             generators=gens, backend=backend,
@@ -203,7 +209,7 @@ def test_exponential_noise_is_drawn_on_the_side_stream():
 
 
 def test_requests_without_drafts_draw_nothing_from_their_generator(backend):
-    gen = torch.Generator().manual_seed(7)
+    gen = torch.Generator(backend.device).manual_seed(7)
     state = gen.get_state()
     out = rejection_sample(
         torch.tensor([1]), [0, 1], target_logits_for([1]), torch.tensor([4, 5]), temperature=torch.tensor([1.0, 1.0]),
@@ -230,9 +236,10 @@ def test_inputs_are_not_modified(backend):
     probs = torch.softmax(torch.randn(5, 20, generator=g), -1)
     drafts = torch.randint(0, 20, (5,), generator=g)
     copies = [t.clone() for t in (logits, probs, drafts)]
+    logits, probs, drafts = (t.to(backend.device) for t in (logits, probs, drafts))
     rejection_sample(drafts, [2, 3], logits, torch.tensor([1, 2]), draft_probs=probs, temperature=torch.tensor([0.7, 0.0]), backend=backend)
     for original, copy in zip((logits, probs, drafts), copies):
-        assert torch.equal(original, copy)
+        assert torch.equal(original.cpu(), copy)
 
 
 def test_output_shape_and_bonus_layouts():
@@ -316,8 +323,9 @@ def test_chain_speculative_sampling_accumulates_and_samples_bonus(backend):
     target = torch.zeros(2, 3, 5)
     target[:, :, 4] = 1.0  # the target always says 4
     draft = torch.full((2, 2, 5), 0.2)
-    acc_total, emitted_total = torch.tensor([10, 0], dtype=torch.int32), torch.zeros(2, dtype=torch.int64)
-    gen = torch.Generator().manual_seed(0)
+    acc_total = torch.tensor([10, 0], dtype=torch.int32, device=backend.device)  # updated in place
+    emitted_total = torch.zeros(2, dtype=torch.int64, device=backend.device)
+    gen = torch.Generator(backend.device).manual_seed(0)
     out, acc, emitted = chain_speculative_sampling(
         draft, torch.tensor([[4, 4], [4, 1]]), target, acc_total, emitted_total, generator=gen, backend=backend
     )

@@ -12,9 +12,14 @@ import torch
 from logitgate.backends import get_backend, probe_cuda
 from logitgate.backends.emulated import EmulatedNpuBackend
 from logitgate.backends.reference import pack_bitmask
-from logitgate.sampling.rejection import chain_speculative_sampling, rejection_sample
-from logitgate.sampling.spec_constraint import constrain_spec_logits
+from logitgate.sampling import rejection, spec_constraint
+from tests.helpers.devices import on_backend_device
 from tests.helpers.stat_helpers import chisquare_pvalue
+
+# Inputs are built on the CPU; a call with backend= runs them on that backend's device.
+rejection_sample = on_backend_device(rejection.rejection_sample)
+chain_speculative_sampling = on_backend_device(rejection.chain_speculative_sampling)
+constrain_spec_logits = on_backend_device(spec_constraint.constrain_spec_logits)
 
 ALPHA = 1e-6
 VOCAB = 8
@@ -86,7 +91,7 @@ def test_emitted_tokens_follow_the_target(backend, mode):
     out = rejection_sample(
         flat_drafts, [K] * n, logits, torch.zeros(n, dtype=torch.int64),
         draft_probs=None if mode == "ngram" else probs, temperature=torch.ones(n), backend=backend,
-    )
+    ).cpu()
     check_every_position(out, drafts, torch.softmax(target, -1), mode)
 
 
@@ -98,7 +103,7 @@ def test_temperature_shapes_the_target_only(backend):
     out = rejection_sample(
         flat_drafts, [K] * n, logits, torch.zeros(n, dtype=torch.int64), draft_probs=probs,
         temperature=torch.full((n,), 0.6), backend=backend,
-    )
+    ).cpu()
     check_every_position(out, drafts, torch.softmax(target / 0.6, -1), "temperature 0.6")
 
 
@@ -113,7 +118,7 @@ def test_top_k_top_p_shape_the_target(backend):
         flat_drafts, [K] * n, logits, torch.zeros(n, dtype=torch.int64), draft_probs=probs,
         temperature=torch.full((n,), temperature), top_k=torch.full((n,), top_k), top_p=torch.full((n,), top_p),
         backend=backend,
-    )
+    ).cpu()
     processed = ops.apply_top_k_top_p(target / temperature, torch.full((K,), top_k), torch.full((K,), top_p))
     check_every_position(out, drafts, torch.softmax(processed, -1), "top-k/top-p")
 
@@ -138,7 +143,7 @@ def test_constrained_target_under_a_bitmask(backend):
     out = rejection_sample(
         flat_drafts, [K] * n, constrained.target_logits, bonus, draft_probs=flat(target, draft, drafts)[2],
         temperature=torch.ones(n), backend=backend,
-    )
+    ).cpu()
     expected = torch.softmax(target.masked_fill(~allowed[:K], float("-inf")), -1)
     check_every_position(out, drafts, expected, "bitmask constraint")
     # Accepted drafts always satisfy the constraint: never more than the valid prefix.
@@ -155,9 +160,10 @@ def test_chain_speculative_sampling_follows_the_target(backend):
     bonus_target = torch.randn(1, VOCAB, generator=torch.Generator().manual_seed(1))
     target_probs = torch.softmax(torch.cat([target, bonus_target]), -1)
     out, _, emitted = chain_speculative_sampling(
-        draft.expand(n, K, VOCAB), drafts, target_probs.expand(n, K + 1, VOCAB), generator=torch.Generator().manual_seed(0),
-        backend=backend,
+        draft.expand(n, K, VOCAB), drafts, target_probs.expand(n, K + 1, VOCAB),
+        generator=torch.Generator(backend.device).manual_seed(0), backend=backend,
     )
+    out, emitted = out.cpu(), emitted.cpu()
     check_every_position(out, drafts, target_probs[:K], "chain")
     all_accepted = emitted == K
     if all_accepted.sum() >= 200:

@@ -43,15 +43,18 @@ def metadata_for(params, *, processors=(), generators=None, device="cpu"):
 
 def test_greedy_and_random_rows_mix(backend):
     torch.manual_seed(0)
-    logits = torch.randn(6, V) * 3
+    logits = (torch.randn(6, V) * 3).to(backend.device)
     params = [SamplingParams(temperature=t) for t in (0.0, 1.0, 0.0, 0.8, 0.0, 1e-7)]
-    out = Sampler(backend=backend)(logits.clone(), metadata_for(params))
+    out = Sampler(backend=backend)(logits.clone(), metadata_for(params, device=backend.device))
     tokens = out.sampled_token_ids
     assert tokens.shape == (6, 1) and tokens.dtype == torch.int32
     greedy_rows = [0, 2, 4, 5]  # 1e-7 is below SAMPLING_EPS: greedy too
     assert tokens[greedy_rows, 0].tolist() == logits[greedy_rows].argmax(-1).tolist()
     # Random rows really sample: over many steps they leave the argmax.
-    random_draws = [Sampler(backend=backend)(logits.clone(), metadata_for(params)).sampled_token_ids[1, 0].item() for _ in range(40)]
+    random_draws = [
+        Sampler(backend=backend)(logits.clone(), metadata_for(params, device=backend.device)).sampled_token_ids[1, 0].item()
+        for _ in range(40)
+    ]
     assert len(set(random_draws)) > 1
 
 
@@ -77,13 +80,13 @@ def test_greedy_rows_ignore_filters_and_never_see_nan():
 
 def test_seeded_requests_are_reproducible(backend):
     params = [SamplingParams(seed=11), SamplingParams(), SamplingParams(seed=12, top_k=10)]
-    logits = torch.randn(3, V)
+    logits = torch.randn(3, V).to(backend.device)
 
     def run():
-        generators = {0: make_generator(11), 2: make_generator(12)}
+        generators = {0: make_generator(11, backend.device), 2: make_generator(12, backend.device)}
         steps = []
         for _ in range(3):
-            meta = metadata_for(params, generators=generators)
+            meta = metadata_for(params, generators=generators, device=backend.device)
             steps.append(Sampler(backend=backend)(logits.clone(), meta).sampled_token_ids[[0, 2], 0].tolist())
         return steps
 
@@ -94,9 +97,14 @@ def test_seeded_requests_are_reproducible(backend):
 
 def test_prefetched_noise_gives_the_same_tokens(backend):
     params = [SamplingParams(seed=5), SamplingParams(temperature=0.0), SamplingParams(seed=6, top_p=0.9)]
-    logits = torch.randn(3, V)
-    plain = Sampler(backend=backend)(logits.clone(), metadata_for(params, generators={0: make_generator(5), 2: make_generator(6)}))
-    meta = metadata_for(params, generators={0: make_generator(5), 2: make_generator(6)})
+    logits = torch.randn(3, V).to(backend.device)
+
+    def metadata():
+        generators = {0: make_generator(5, backend.device), 2: make_generator(6, backend.device)}
+        return metadata_for(params, generators=generators, device=backend.device)
+
+    plain = Sampler(backend=backend)(logits.clone(), metadata())
+    meta = metadata()
     meta.prefetch_noise(3, V, backend=backend)
     assert meta.noise is not None and not meta.noise.consumed
     ahead = Sampler(backend=backend)(logits.clone(), meta)

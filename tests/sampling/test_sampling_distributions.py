@@ -30,23 +30,23 @@ def test_random_sample_is_exact(backend, probs_row, assert_distribution):
 
 def test_random_sample_unnormalised_rows(backend, probs_row, assert_distribution):
     torch.manual_seed(1)
-    probs = (probs_row * 37.5).expand(DRAWS, -1).contiguous()
-    assert_distribution(ops.random_sample(probs, backend=backend), probs_row)
+    probs = (probs_row * 37.5).expand(DRAWS, -1).contiguous().to(backend.device)
+    assert_distribution(ops.random_sample(probs, backend=backend).cpu(), probs_row)
 
 
 def test_seeded_generators_draw_exactly(backend, probs_row, assert_distribution):
     """Each row with its own generator (seeds 0..n-1): the draws across rows follow p too."""
     rows = 4000
-    probs = probs_row.expand(rows, -1).contiguous()
-    generators = {r: make_generator(r) for r in range(rows)}
-    assert_distribution(ops.random_sample(probs, generators, backend=backend), probs_row)
+    probs = probs_row.expand(rows, -1).contiguous().to(backend.device)
+    generators = {r: make_generator(r, backend.device) for r in range(rows)}
+    assert_distribution(ops.random_sample(probs, generators, backend=backend).cpu(), probs_row)
 
 
 def test_prefetched_noise_is_exact(backend, probs_row, assert_distribution):
     torch.manual_seed(2)
     noise = ops.draw_sampling_noise(DRAWS, probs_row.numel(), backend=backend)
-    probs = probs_row.expand(DRAWS, -1).contiguous()
-    assert_distribution(ops.random_sample(probs, backend=backend, noise=noise), probs_row)
+    probs = probs_row.expand(DRAWS, -1).contiguous().to(backend.device)
+    assert_distribution(ops.random_sample(probs, backend=backend, noise=noise).cpu(), probs_row)
 
 
 FILTERS = [

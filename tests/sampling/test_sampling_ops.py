@@ -12,6 +12,7 @@ from logitgate.backends.cpu.sampling_kernels import inverse_cdf_sample_cpu
 from logitgate.backends.emulated import EmulatedEvent, EmulatedNpuBackend
 from logitgate.backends.reference import apply_top_k_top_p_reference, exponential_race, inverse_cdf_sample_reference
 from logitgate.sampling import ops
+from tests.helpers.devices import to_device
 from tests.helpers.sampling_helpers import interpreted_triton
 
 
@@ -125,8 +126,8 @@ def test_top_k_top_p_large_vocab(backend, k, p):
     kk = torch.full((3,), k)
     pp = None if p is None else torch.full((3,), p)
     expected = apply_top_k_top_p_reference(logits.clone(), kk, pp)
-    got = ops.apply_top_k_top_p(logits.clone(), kk, pp, backend=backend)
-    assert torch.equal(got, expected)
+    got = ops.apply_top_k_top_p(*to_device((logits.clone(), kk, pp), backend.device), backend=backend)
+    assert torch.equal(got.cpu(), expected)
     kept = (expected > float("-inf")).sum(dim=-1)
     assert (kept <= k).all() and (kept >= 1).all()
 
@@ -139,8 +140,8 @@ def test_top_p_flat_and_peaked_rows(backend, p):
     logits = torch.stack([torch.zeros(5000), torch.linspace(0, 1e-3, 5000), torch.full((5000,), -30.0)])
     logits[2, 17] = 0.0
     expected = apply_top_k_top_p_reference(logits.clone(), None, torch.full((3,), p))
-    got = ops.apply_top_k_top_p(logits.clone(), None, torch.full((3,), p), backend=backend)
-    assert torch.equal(got, expected)
+    got = ops.apply_top_k_top_p(*to_device((logits.clone(), None, torch.full((3,), p)), backend.device), backend=backend)
+    assert torch.equal(got.cpu(), expected)
     assert (expected[0] > float("-inf")).all()  # all tied: kept together
     assert (expected[2] > float("-inf")).sum() == 1
 
@@ -149,8 +150,8 @@ def test_top_k_top_p_half_precision_logits(backend):
     logits = torch.randn(4, 300).to(torch.bfloat16)
     k, p = torch.tensor([3, 0, 50, 299]), torch.tensor([0.9, 0.5, 1.0, 0.7])
     expected = apply_top_k_top_p_reference(logits.float(), k, p).to(torch.bfloat16)
-    got = ops.apply_top_k_top_p(logits.clone(), k, p, backend=backend)
-    assert got.dtype == torch.bfloat16 and torch.equal(got, expected)
+    got = ops.apply_top_k_top_p(*to_device((logits.clone(), k, p), backend.device), backend=backend)
+    assert got.dtype == torch.bfloat16 and torch.equal(got.cpu(), expected)
 
 
 @given(seed=st.integers(0, 2**31 - 1), rows=st.integers(1, 8), vocab=st.integers(1, 3000), zeros=st.sampled_from([0.0, 0.5, 0.99]))
@@ -180,15 +181,15 @@ def test_seeded_rows_are_reproducible(backend):
     torch.manual_seed(12345)  # the unseeded rows' source changes, the seeded rows must not
     second = ops.random_sample(probs, gens(), backend=backend)
     assert first[[1, 4]].tolist() == second[[1, 4]].tolist()
-    draws = [ops.random_sample(probs, {1: torch.Generator().manual_seed(s)}, backend=backend)[1].item() for s in range(30)]
+    draws = [ops.random_sample(probs, {1: torch.Generator(backend.device).manual_seed(s)}, backend=backend)[1].item() for s in range(30)]
     assert len(set(draws)) > 1  # the seed matters
-    as_list = [None, torch.Generator().manual_seed(7), None, None, torch.Generator().manual_seed(8), None]
+    as_list = [None, torch.Generator(backend.device).manual_seed(7), None, None, torch.Generator(backend.device).manual_seed(8), None]
     assert ops.random_sample(probs, as_list, backend=backend)[[1, 4]].tolist() == first[[1, 4]].tolist()
 
 
 def test_prefetched_noise_equals_drawing_now(backend):
-    probs = torch.rand(3, 200)
-    make = lambda: {0: torch.Generator().manual_seed(3), 2: torch.Generator().manual_seed(4)}  # noqa: E731
+    probs = torch.rand(3, 200).to(backend.device)
+    make = lambda: {0: torch.Generator(backend.device).manual_seed(3), 2: torch.Generator(backend.device).manual_seed(4)}  # noqa: E731
     now = ops.random_sample(probs, make(), backend=backend)
     generators = make()
     noise = ops.draw_sampling_noise(3, 200, generators, backend=backend)
@@ -276,8 +277,8 @@ def test_sampling_constraints_compose_temperature_and_filters(backend):
     p = torch.tensor([1.0, 0.8, 0.5, 0.9, 1.0])
     expected = logits.clone() / torch.tensor([1.0, 0.7, 1.0, 1.5, 0.3]).unsqueeze(1)
     apply_top_k_top_p_reference(expected, k, p)
-    got = ops.apply_sampling_constraints(logits.clone(), temperature, k, p, backend=backend)
-    assert torch.equal(got, expected)
+    got = ops.apply_sampling_constraints(*to_device((logits.clone(), temperature, k, p), backend.device), backend=backend)
+    assert torch.equal(got.cpu(), expected)
 
 
 def test_backends_report_their_sampling_kernels(backend):

@@ -16,6 +16,7 @@ from logitgate.backends.reference import apply_top_k_top_p_reference
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, make_generator
 from logitgate.sampling.sparse import Layout, sample_layouts
 from logitgate.sampling.tree_step import sample_tree_step
+from tests.helpers.devices import to_device
 from tests.helpers.sampling_helpers import interpreted_triton
 
 VOCAB = 200
@@ -24,9 +25,9 @@ FRACTIONS = [0.0, 0.05, 1.0]  # all dense, mixed (wide rows dense), all sparse
 
 def dense_step(sampler, logits, tree, states, metadata):
     """The path every layout must match: mask the full rows with the tree's bitmask, sample them."""
-    bitmask = logitgate.allocate_token_bitmask(logits.shape[0], logits.shape[1])
+    bitmask = logitgate.allocate_token_bitmask(logits.shape[0], logits.shape[1], device=tree.device)
     tree.fill_bitmask(states, bitmask)
-    logitgate.apply_token_bitmask_inplace(logits, bitmask)
+    logitgate.apply_token_bitmask_inplace(logits, bitmask.to(logits.device))
     return sampler(logits, metadata)
 
 
@@ -42,10 +43,10 @@ def batches(draw):
 def test_greedy_is_the_dense_argmax_token_for_token(case, fraction, logprobs, backend):
     seqs, walks, seed = case
     tree = TreeDFA.from_sequences(seqs, end_token_id=0, vocab_size=VOCAB, device=backend, cache=False)
-    states = torch.tensor([tree.walk((list(s) + [0])[:d]) for s, d in walks])
+    states = torch.tensor([tree.walk((list(s) + [0])[:d]) for s, d in walks], device=tree.device)
     # Small integer logits: ties everywhere; the dense argmax takes the first (smallest) token.
-    logits = torch.randint(-2, 2, (len(walks), VOCAB), generator=torch.Generator().manual_seed(seed)).float()
-    metadata = SamplingMetadata.from_params([SamplingParams(temperature=0, logprobs=logprobs)] * len(walks))
+    logits = torch.randint(-2, 2, (len(walks), VOCAB), generator=torch.Generator().manual_seed(seed)).float().to(tree.device)
+    metadata = SamplingMetadata.from_params([SamplingParams(temperature=0, logprobs=logprobs)] * len(walks), device=tree.device)
     sampler = Sampler(backend=backend)
     want = dense_step(sampler, logits.clone(), tree, states, metadata)
     got = sample_tree_step(sampler, logits.clone(), tree, states, metadata, sparse_max_fraction=fraction)
@@ -91,8 +92,8 @@ def expected_probs(logits_row, allowed, f):
 
 
 def _metadata(params, rows, min_p, device="cpu", generators=None):
-    md = SamplingMetadata.from_params(params, generators=generators)
-    return dataclasses.replace(md, min_p=torch.full((rows,), min_p) if min_p else None)
+    md = SamplingMetadata.from_params(params, device=device, generators=generators)
+    return dataclasses.replace(md, min_p=torch.full((rows,), min_p, device=device) if min_p else None)
 
 
 @pytest.mark.parametrize("fraction", [0.0, 1.0])
@@ -107,9 +108,10 @@ def test_random_draws_follow_the_masked_distribution(f, fraction, backend, asser
     params = SamplingParams(**{k: v for k, v in f.items() if k != "min_p"})
     torch.manual_seed(11)
     states = tree.initial_states(DRAWS)
-    metadata = _metadata([params] * DRAWS, DRAWS, f.get("min_p"))
-    out = sample_tree_step(Sampler(backend=backend), row.expand(DRAWS, -1).clone(), tree, states, metadata, sparse_max_fraction=fraction)
-    assert_distribution(out.sampled_token_ids[:, 0], expected_probs(row, allowed, f))
+    metadata = _metadata([params] * DRAWS, DRAWS, f.get("min_p"), tree.device)
+    logits = row.expand(DRAWS, -1).clone().to(tree.device)
+    out = sample_tree_step(Sampler(backend=backend), logits, tree, states, metadata, sparse_max_fraction=fraction)
+    assert_distribution(out.sampled_token_ids[:, 0].cpu(), expected_probs(row, allowed, f))
 
 
 def test_generators_reproduce_and_draw_exactly(backend, assert_distribution):
@@ -124,27 +126,28 @@ def test_generators_reproduce_and_draw_exactly(backend, assert_distribution):
     states = tree.initial_states(rows)
 
     def run():
-        gens = {r: make_generator(r) for r in range(rows)}
-        md = SamplingMetadata.from_params(params, generators=gens)
-        return sample_tree_step(Sampler(backend=backend), row.expand(rows, -1).clone(), tree, states, md, sparse_max_fraction=1.0)
+        gens = {r: make_generator(r, tree.device) for r in range(rows)}
+        md = SamplingMetadata.from_params(params, device=tree.device, generators=gens)
+        logits = row.expand(rows, -1).clone().to(tree.device)
+        return sample_tree_step(Sampler(backend=backend), logits, tree, states, md, sparse_max_fraction=1.0)
 
     first, second = run(), run()
     assert torch.equal(first.sampled_token_ids, second.sampled_token_ids)
-    assert_distribution(first.sampled_token_ids[:, 0], expected_probs(row, allowed, dict(temperature=1.0, top_p=0.9)))
+    assert_distribution(first.sampled_token_ids[:, 0].cpu(), expected_probs(row, allowed, dict(temperature=1.0, top_p=0.9)))
 
 
 def test_mixed_batch_rows_land_in_their_layouts():
     """Greedy and random rows, wide rows dense and narrow rows sparse, in one batch: greedy rows get
     the dense argmax, every row an allowed token, each seeded row its own reproducible draw."""
     wide = [[t, 150] for t in range(10, 140)]
-    tree = TreeDFA.from_sequences(wide, end_token_id=0, vocab_size=VOCAB, cache=False)
-    states = torch.tensor([0, tree.walk([10]), 0, tree.walk([11]), tree.walk([11, 150]), 0])
+    tree = TreeDFA.from_sequences(wide, end_token_id=0, vocab_size=VOCAB, cache=False)  # on the default device
+    states = torch.tensor([0, tree.walk([10]), 0, tree.walk([11]), tree.walk([11, 150]), 0], device=tree.device)
     params = [SamplingParams(temperature=t, seed=i) for i, t in enumerate([0, 0, 1.0, 1.0, 0.5, 0.0])]
-    logits = torch.randn(6, VOCAB, generator=torch.Generator().manual_seed(3))
+    logits = torch.randn(6, VOCAB, generator=torch.Generator().manual_seed(3)).to(tree.device)
 
     def run(fraction):
-        gens = {i: make_generator(i) for i, p in enumerate(params) if p.temperature > 0}
-        md = SamplingMetadata.from_params(params, generators=gens)
+        gens = {i: make_generator(i, tree.device) for i, p in enumerate(params) if p.temperature > 0}
+        md = SamplingMetadata.from_params(params, device=tree.device, generators=gens)
         return sample_tree_step(Sampler(), logits.clone(), tree, states, md, sparse_max_fraction=fraction).sampled_token_ids[:, 0]
 
     mixed = run(0.3)  # the root (130 tokens) is dense, the rest sparse
@@ -186,7 +189,8 @@ def test_sample_candidates_draws_the_masked_softmax(backend, assert_distribution
     temperature, top_k, top_p = torch.full((n,), 0.8), torch.full((n,), 300), torch.full((n,), 0.9)
     uniform = torch.rand(n, dtype=torch.float64, generator=g)
     candidates = CandidateRows(rows, starts, widths, allow_tok, len(allowed))
-    got = backend.sample_candidates(logits, candidates, temperature, None, top_k, top_p, uniform)
+    args = to_device((logits, candidates, temperature, None, top_k, top_p, uniform), backend.device)
+    got = backend.sample_candidates(*args)
     masked = torch.full((1, vocab), float("-inf"))
     masked[0, allowed] = logits[0, allowed] / 0.8
     expected = apply_top_k_top_p_reference(masked, top_k[:1], top_p[:1]).softmax(-1)[0]
@@ -204,7 +208,7 @@ def test_fused_draws_use_the_samplers_random_numbers(f):
 
     g = torch.Generator().manual_seed(9)
     seqs = [[int(t) for t in torch.randint(1, VOCAB, (3,), generator=g)] for _ in range(150)]
-    tree = TreeDFA.from_sequences(seqs, end_token_id=0, vocab_size=VOCAB, cache=False)
+    tree = TreeDFA.from_sequences(seqs, end_token_id=0, vocab_size=VOCAB, device="cpu", cache=False)  # the fused draw is the CPU's
     walks = [seqs[i][: i % 3] for i in range(24)]
     states = torch.tensor([tree.walk(w) for w in walks])
     logits = torch.randn(len(walks), VOCAB, generator=g) * 2
@@ -234,7 +238,7 @@ def test_mixed_dense_and_fused_rows_follow_the_masked_distribution(f, assert_dis
     draws follow its masked distribution (chi-square)."""
     g = torch.Generator().manual_seed(12)
     wide = sorted((1 + torch.randperm(VOCAB - 1, generator=g)[:120]).tolist())
-    tree = TreeDFA.from_sequences([[t, wide[0]] for t in wide], end_token_id=0, vocab_size=VOCAB, cache=False)
+    tree = TreeDFA.from_sequences([[t, wide[0]] for t in wide], end_token_id=0, vocab_size=VOCAB, device="cpu", cache=False)
     row = torch.randn(VOCAB, generator=g) * 2
     rows = 12000
     states = torch.tensor([0 if i % 2 else tree.walk([wide[5]]) for i in range(rows)])
@@ -254,7 +258,7 @@ def test_fused_draw_uses_prefetched_uniforms_once():
 
     g = torch.Generator().manual_seed(14)
     allowed = sorted((1 + torch.randperm(VOCAB - 1, generator=g)[:40]).tolist())
-    tree = TreeDFA.from_sequences([[t] for t in allowed], end_token_id=0, vocab_size=VOCAB, cache=False)
+    tree = TreeDFA.from_sequences([[t] for t in allowed], end_token_id=0, vocab_size=VOCAB, device="cpu", cache=False)
     logits = torch.randn(8, VOCAB, generator=g)
     states = tree.initial_states(8)
     uniform = torch.tensor([0.0, 0.999999, 0.5, 0.25, 0.75, 0.1, 0.9, 0.0], dtype=torch.float64)

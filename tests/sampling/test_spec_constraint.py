@@ -3,8 +3,13 @@ import pytest
 import torch
 
 from logitgate.backends.reference import pack_bitmask
-from logitgate.sampling.rejection import rejection_sample
-from logitgate.sampling.spec_constraint import constrain_spec_logits, valid_draft_counts
+from logitgate.sampling import rejection, spec_constraint
+from logitgate.sampling.spec_constraint import valid_draft_counts
+from tests.helpers.devices import on_backend_device
+
+# Inputs are built on the CPU; a call with backend= runs them on that backend's device.
+rejection_sample = on_backend_device(rejection.rejection_sample)
+constrain_spec_logits = on_backend_device(spec_constraint.constrain_spec_logits)
 
 VOCAB = 40
 
@@ -19,15 +24,15 @@ def allowed_rows(rows, seed, density=0.4):
 def test_rows_are_masked_and_split_in_vllm_layout(backend):
     counts = [2, 0, 3]
     rows = sum(counts) + len(counts)
-    logits = torch.arange(rows, dtype=torch.float32).unsqueeze(-1).repeat(1, VOCAB)  # row id everywhere
+    logits = torch.arange(rows, dtype=torch.float32, device=backend.device).unsqueeze(-1).repeat(1, VOCAB)  # row id everywhere
     allowed = allowed_rows(rows, 1)
     drafts = torch.tensor([1, 2, 3, 4, 5])
     out = constrain_spec_logits(logits, pack_bitmask(allowed), drafts, counts, backend=backend)
     # Layout: r0 drafts at rows 0, 1, bonus 2; r1 bonus 3; r2 drafts 4, 5, 6, bonus 7.
     assert out.target_logits.amax(-1).tolist() == [0.0, 1.0, 4.0, 5.0, 6.0]
     assert out.bonus_logits.amax(-1).tolist() == [2.0, 3.0, 7.0]
-    assert torch.equal(torch.isinf(logits), ~allowed)  # masked in place
-    assert torch.equal(torch.isinf(out.target_logits), ~allowed[[0, 1, 4, 5, 6]])
+    assert torch.equal(torch.isinf(logits).cpu(), ~allowed)  # masked in place
+    assert torch.equal(torch.isinf(out.target_logits).cpu(), ~allowed[[0, 1, 4, 5, 6]])
 
 
 def test_valid_draft_counts():

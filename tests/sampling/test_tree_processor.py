@@ -177,7 +177,7 @@ def test_in_the_sampler_greedy_and_random_rows_stay_on_the_tree(backend):
     params = [SamplingParams(temperature=0.0, extra_args={"tree_decode": CONFIG}),
               SamplingParams(temperature=1.0, seed=3, extra_args={"tree_decode": CONFIG}),
               SamplingParams(temperature=0.0)]
-    procs = LogitsProcessors([Tree(V)])
+    procs = LogitsProcessors([Tree(V, backend.device)])
     builder = BatchUpdateBuilder()
     outs = [[], [], []]
     for i, p in enumerate(params):
@@ -185,8 +185,8 @@ def test_in_the_sampler_greedy_and_random_rows_stay_on_the_tree(backend):
     procs.update_state(builder.get_and_reset(3))
     sampler = Sampler(backend=backend)
     for _ in range(4):
-        logits = torch.randn(3, V) * 3
-        metadata = SamplingMetadata.from_params(params, logitsprocs=procs)
+        logits = (torch.randn(3, V) * 3).to(backend.device)
+        metadata = SamplingMetadata.from_params(params, device=backend.device, logitsprocs=procs)
         tokens = sampler(logits, metadata).sampled_token_ids.flatten().tolist()
         for out, token in zip(outs, tokens):
             out.append(token)

@@ -239,22 +239,22 @@ def test_scalar_api_rejects_bad_states_and_tokens():
 
 
 def test_batched_api_rejects_bad_tensors():
-    tree = TreeDFA.from_sequences([[1, 2]], end_token_id=0, vocab_size=100)
+    tree = TreeDFA.from_sequences([[1, 2]], end_token_id=0, vocab_size=100)  # on the default device
     states = tree.initial_states(2)
     with pytest.raises(ValueError, match="states must be a 1-D int32/int64 tensor"):
-        tree.advance(states.float(), torch.tensor([1, 2]))
+        tree.advance(states.float(), torch.tensor([1, 2], device=tree.device))
     with pytest.raises(ValueError, match="tokens have shape"):
-        tree.advance(states, torch.tensor([1, 2, 3]))
+        tree.advance(states, torch.tensor([1, 2, 3], device=tree.device))
     with pytest.raises(ValueError, match="tokens are on meta"):
         tree.advance(states, torch.zeros(2, dtype=torch.int64, device="meta"))
     with pytest.raises(ValueError, match="bitmask must be a 2-D int32"):
-        tree.fill_bitmask(states, torch.zeros(2, 4, dtype=torch.int64))
+        tree.fill_bitmask(states, torch.zeros(2, 4, dtype=torch.int64, device=tree.device))
     with pytest.raises(ValueError, match="bitmask has 3 rows for 2 states"):
-        tree.fill_bitmask(states, torch.zeros(3, 4, dtype=torch.int32))
+        tree.fill_bitmask(states, torch.zeros(3, 4, dtype=torch.int32, device=tree.device))
     with pytest.raises(ValueError, match="bitmask has 3 words per row; this tree needs 4"):
-        tree.fill_bitmask(states, torch.zeros(2, 3, dtype=torch.int32))
+        tree.fill_bitmask(states, torch.zeros(2, 3, dtype=torch.int32, device=tree.device))
     with pytest.raises(ValueError, match="bitmask must be contiguous"):
-        tree.fill_bitmask(states, torch.zeros(8, 2, dtype=torch.int32).t())
+        tree.fill_bitmask(states, torch.zeros(8, 2, dtype=torch.int32, device=tree.device).t())
 
 
 # ---- compile cache ----------------------------------------------------------------------------

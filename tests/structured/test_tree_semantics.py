@@ -45,9 +45,9 @@ def draw_token(data, allowed, end):
 
 
 def check_batched(tree, scalar_states, backend):
-    states = torch.tensor(scalar_states, dtype=torch.int64)
+    states = torch.tensor(scalar_states, dtype=torch.int64, device=tree.device)
     expected = [tree.allowed(s) for s in scalar_states]
-    bitmask = logitgate.allocate_token_bitmask(len(states), VOCAB)
+    bitmask = logitgate.allocate_token_bitmask(len(states), VOCAB, device=tree.device)
     tree.fill_bitmask(states, bitmask)
     assert logitgate.token_ids_from_bitmask(bitmask, VOCAB) == expected
     ids, valid = tree.candidates(states)
@@ -74,7 +74,7 @@ def test_prefix_dict_matches_rtp_string_dfa(config, dense, data, backend):
         for ref, tok in zip(refs, tokens):
             ref.next(tok)
         scalar = [tree.step(s, t) for s, t in zip(scalar, tokens)]
-        batched = tree.advance(batched, torch.tensor(tokens))
+        batched = tree.advance(batched, torch.tensor(tokens, device=tree.device))
         assert batched.tolist() == scalar
     for ref, state in zip(refs, scalar):
         assert tree.allowed(state) == ref.candidates()
@@ -102,7 +102,7 @@ def test_sequences_match_trie_model(case, dense, data, backend):
         for ref, tok in zip(refs, tokens):
             ref.next(tok)
         scalar = [tree.step(s, t) for s, t in zip(scalar, tokens)]
-        batched = tree.advance(batched, torch.tensor(tokens, dtype=torch.int32))
+        batched = tree.advance(batched, torch.tensor(tokens, dtype=torch.int32, device=tree.device))
         assert batched.dtype == torch.int32 and batched.tolist() == scalar
     assert [tree.allowed(s) for s in scalar] == [ref.candidates() for ref in refs]
 
@@ -159,9 +159,9 @@ def test_forced_tokens_is_the_unique_continuation():
 
 def test_beams_fork_by_copying_states(backend):
     tree = TreeDFA.from_sequences([[5, 6], [5, 7], [8]], end_token_id=0, device=backend)
-    states = tree.advance(tree.initial_states(2), torch.tensor([5, 8]))
-    forked = states[torch.tensor([0, 0, 1])]  # beam 0 forks in two; beam 1 carries on
-    after = tree.advance(forked, torch.tensor([6, 7, 0]))
+    states = tree.advance(tree.initial_states(2), torch.tensor([5, 8], device=tree.device))
+    forked = states[torch.tensor([0, 0, 1], device=tree.device)]  # beam 0 forks in two; beam 1 carries on
+    after = tree.advance(forked, torch.tensor([6, 7, 0], device=tree.device))
     expected = [tree.walk([5, 6]), tree.walk([5, 7]), tree.walk([8, 0])]
     assert after.tolist() == expected
     assert states.tolist() == [tree.walk([5]), tree.walk([8])]  # the parents are untouched
@@ -174,8 +174,8 @@ def test_dense_rows_cover_wide_nodes_and_padded_bitmasks(backend):
     stats = tree.stats()
     assert stats["dense_rows"] == 1 and stats["sparse_fill_width"] == 2
     assert stats["dense_bytes"] == 2 * 10 * 4  # a zero row and the root's row, 10 words each
-    states = torch.tensor([tree.root, tree.walk([3]), tree.error_state, tree.root])
-    bitmask = torch.full((4, 16), -1, dtype=torch.int32)  # wider than the vocabulary needs
+    states = torch.tensor([tree.root, tree.walk([3]), tree.error_state, tree.root], device=tree.device)
+    bitmask = torch.full((4, 16), -1, dtype=torch.int32, device=tree.device)  # wider than the vocabulary needs
     tree.fill_bitmask(states, bitmask)
     assert logitgate.token_ids_from_bitmask(bitmask, 512) == [tree.allowed(int(s)) for s in states]
     capped = TreeDFA.from_sequences(seqs, end_token_id=0, vocab_size=300, dense_min_width=50, dense_budget_bytes=39)
@@ -186,9 +186,9 @@ def test_batched_ops_never_sync(monkeypatch):
     """advance / fill_bitmask / candidates only queue tensor ops: no .item(), .tolist(), bool(),
     nonzero() or host copies."""
     tree = TreeDFA.from_sequences([[t, t + 1] for t in range(3, 100)], end_token_id=0, vocab_size=128, dense_min_width=10)
-    states = tree.initial_states(4)
-    tokens = torch.tensor([3, 1, 0, 99])
-    bitmask = logitgate.allocate_token_bitmask(4, 128)
+    states = tree.initial_states(4)  # on the tree's device, the default one
+    tokens = torch.tensor([3, 1, 0, 99], device=tree.device)
+    bitmask = logitgate.allocate_token_bitmask(4, 128, device=tree.device)
 
     def forbidden(*args, **kwargs):
         raise AssertionError("host sync in a batched tree op")
@@ -205,7 +205,7 @@ def test_batched_ops_never_sync(monkeypatch):
 
 def test_out_of_range_tokens_in_advance_go_to_the_error_state():
     tree = TreeDFA.from_sequences([[5]], end_token_id=0)
-    out = tree.advance(tree.initial_states(3), torch.tensor([-5, 2**31 + 5, 2**40]))
+    out = tree.advance(tree.initial_states(3), torch.tensor([-5, 2**31 + 5, 2**40], device=tree.device))
     assert out.tolist() == [tree.error_state] * 3
 
 

@@ -34,6 +34,9 @@ class TritonRejectionMixin:
     def rejection_greedy_accept(self, cu_num_draft_tokens, draft_token_ids, target_logits, active):
         if not self._rejection_uses_triton():
             return super().rejection_greedy_accept(cu_num_draft_tokens, draft_token_ids, target_logits, active)
+        self.check_on_device(
+            cu_num_draft_tokens=cu_num_draft_tokens, draft_token_ids=draft_token_ids, target_logits=target_logits, active=active
+        )
         from .rejection import greedy_accept_triton
 
         launch = self._rejection_launch(cu_num_draft_tokens.numel(), GREEDY_BYTES_PER_TOKEN)
@@ -46,6 +49,10 @@ class TritonRejectionMixin:
             return super().rejection_random_accept(
                 cu_num_draft_tokens, draft_token_ids, target_logits, temperature, draft_probs, uniform, active
             )
+        self.check_on_device(
+            cu_num_draft_tokens=cu_num_draft_tokens, draft_token_ids=draft_token_ids, target_logits=target_logits,
+            temperature=temperature, draft_probs=draft_probs, uniform=uniform, active=active,
+        )
         from .rejection import random_accept_triton
 
         launch = self._rejection_launch(cu_num_draft_tokens.numel(), ACCEPT_BYTES_PER_TOKEN)
@@ -60,6 +67,10 @@ class TritonRejectionMixin:
             return super().rejection_recover(
                 cu_num_draft_tokens, draft_token_ids, target_logits, temperature, draft_probs, accepted, row_lse, noise, active
             )
+        self.check_on_device(
+            cu_num_draft_tokens=cu_num_draft_tokens, draft_token_ids=draft_token_ids, target_logits=target_logits,
+            temperature=temperature, draft_probs=draft_probs, accepted=accepted, row_lse=row_lse, noise=noise, active=active,
+        )
         from .rejection import recover_triton
 
         launch = self._rejection_launch(cu_num_draft_tokens.numel(), RECOVER_BYTES_PER_TOKEN)

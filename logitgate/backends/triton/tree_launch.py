@@ -30,9 +30,15 @@ class TritonTreeMixin:
             "fill_tree_bitmask": "triton (dense rows copied, sparse tokens added with atomics)",
         }
 
+    def _check_candidates(self, logits, candidates) -> None:
+        self.check_on_device(
+            logits=logits, rows=candidates.rows, starts=candidates.starts, widths=candidates.widths, allow_tok=candidates.allow_tok
+        )
+
     def gather_candidate_logits(self, logits, candidates):
         if not self._tree_uses_triton():
             return super().gather_candidate_logits(logits, candidates)
+        self._check_candidates(logits, candidates)
         from .tree import CANDIDATE_BYTES_PER_TOKEN, gather_candidate_logits_triton
 
         return gather_candidate_logits_triton(logits, *candidates, **self._tree_launch(CANDIDATE_BYTES_PER_TOKEN))
@@ -41,6 +47,7 @@ class TritonTreeMixin:
         if not self._tree_uses_triton() or logits.dtype not in _BIT_VIEW_DTYPES:
             super().keep_candidate_logits(logits, candidates)
             return
+        self._check_candidates(logits, candidates)
         from .tree import CANDIDATE_BYTES_PER_TOKEN, FILL_ROW_BYTES_PER_TOKEN, keep_candidate_logits_triton
 
         launch = self._tree_launch(CANDIDATE_BYTES_PER_TOKEN)
@@ -51,6 +58,10 @@ class TritonTreeMixin:
         if not self._tree_uses_triton():
             super().fill_tree_bitmask(bitmask, states, allow_start, allow_tok, fill_width, max_width, dense_rows, dense_slot)
             return
+        self.check_on_device(
+            bitmask=bitmask, states=states, allow_start=allow_start, allow_tok=allow_tok, fill_width=fill_width,
+            dense_rows=dense_rows, dense_slot=dense_slot,
+        )
         from .tree import BITMASK_BYTES_PER_WORD, fill_tree_bitmask_triton
 
         fill_tree_bitmask_triton(

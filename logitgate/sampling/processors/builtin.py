@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ...backends.transfer import to_device
 from .. import ops
 from ..params import SamplingParams
 from .interface import BatchUpdate, LogitsProcessor
@@ -36,7 +37,7 @@ class MinP(LogitsProcessor):
             dense = [0.0] * size
             for index, value in self._min_p.items():
                 dense[index] = value
-            self._values = torch.tensor(dense, dtype=torch.float32).to(self.device, non_blocking=True) if self._min_p else None
+            self._values = to_device(torch.tensor(dense, dtype=torch.float32), self.device) if self._min_p else None
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if self._values is None:
@@ -47,7 +48,7 @@ class MinP(LogitsProcessor):
         layout = SpecDecodeLayout(num_draft_tokens, logits.shape[0], draft_token_ids)
         if self._values is None:
             return logits
-        per_row = self._values.index_select(0, layout.request_of_row().to(self.device, non_blocking=True))
+        per_row = self._values.index_select(0, to_device(layout.request_of_row(), self.device))
         return ops.apply_min_p(logits, per_row)
 
 
@@ -83,8 +84,8 @@ class LogitBias(LogitsProcessor):
                     values.append(bias)
         if not rows:
             return None, None
-        index_pair = torch.tensor([rows, tokens], dtype=torch.int64).to(self.device, non_blocking=True)
-        return (index_pair[0], index_pair[1]), torch.tensor(values, dtype=torch.float32).to(self.device, non_blocking=True)
+        index_pair = to_device(torch.tensor([rows, tokens], dtype=torch.int64), self.device)
+        return (index_pair[0], index_pair[1]), to_device(torch.tensor(values, dtype=torch.float32), self.device)
 
     @staticmethod
     def _add(logits: torch.Tensor, index_pair, values) -> torch.Tensor:

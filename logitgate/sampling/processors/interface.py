@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ...backends.transfer import to_device
 from ...checks import is_integer
 from .spec_layout import SpecDecodeLayout
 
@@ -103,8 +104,8 @@ class LogitsProcessor(ABC):
         layout = SpecDecodeLayout(num_draft_tokens, logits.shape[0], draft_token_ids)
         for position in range(layout.max_positions):
             rows, present = layout.rows_at_position(position)
-            processed = self.apply(logits.index_select(0, rows.to(logits.device, non_blocking=True)))
+            processed = self.apply(logits.index_select(0, to_device(rows, logits.device)))
             keep = torch.as_tensor(present).nonzero().flatten()  # a host tensor: no device sync
-            targets = rows[keep].to(logits.device, non_blocking=True)
-            logits.index_copy_(0, targets, processed.index_select(0, keep.to(logits.device, non_blocking=True)))
+            targets = to_device(rows[keep], logits.device)
+            logits.index_copy_(0, targets, processed.index_select(0, to_device(keep, logits.device)))
         return logits

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
+from ...backends.transfer import to_device
 from .interface import AddedRequest, BatchUpdate, LogitsProcessor, MoveDirectionality, MovedRequest
 
 if TYPE_CHECKING:
@@ -166,7 +167,7 @@ class TokenMask:
     def _upload(self, pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
         if not pairs:
             return None
-        both = torch.tensor(pairs, dtype=torch.int64).t().contiguous().to(self.device, non_blocking=True)
+        both = to_device(torch.tensor(pairs, dtype=torch.int64).t().contiguous(), self.device)
         return both[0], both[1]
 
     @property

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ...backends.formats import num_bitmask_words
+from ...backends.transfer import to_device
 from ...structured.bitmask import apply_token_bitmask_inplace
 from ...structured.tree import TreeDFA
 from ...structured.tree_candidates import host_widths, keep_only_allowed
@@ -139,7 +140,7 @@ class Tree(LogitsProcessor):
         host = torch.tensor(values, dtype=torch.int64)
         if self.pin_memory and device.type != "cpu":
             host = host.pin_memory()
-        return host.to(device, non_blocking=True)
+        return to_device(host, device)
 
     def mask_rows(self, logits: torch.Tensor, entries: list[tuple[int, TreeDFA, int]]) -> torch.Tensor:
         """Mask logits row r to the allowed set of its tree state. Trees on the logits' device: per
@@ -173,7 +174,7 @@ class Tree(LogitsProcessor):
             else:
                 part = torch.empty((len(rows), words), dtype=torch.int32, device=tree.device)
                 tree.fill_bitmask(states, part)
-                bitmask.index_copy_(0, self._upload(rows, bitmask.device), part.to(bitmask.device, non_blocking=True))
+                bitmask.index_copy_(0, self._upload(rows, bitmask.device), to_device(part, bitmask.device))
             masked_rows.extend(rows)
         apply_token_bitmask_inplace(logits, bitmask, indices=masked_rows)
         return logits
