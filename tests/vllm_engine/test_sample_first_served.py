@@ -65,17 +65,22 @@ def test_the_worker_mirrors_in_the_schedulers_backend(tmp_path, model):
 
 
 def test_the_worker_mirrors_xgrammar_after_an_ascii_request(tmp_path, model):
-    """Issue 30.1's variant: one ASCII request first (the manager takes xgrammar), then a greedy
-    `\\p{L}` regex: whatever vLLM itself does with it, the engine lives."""
+    """Issue 30.1's variant: one ASCII request first (vLLM's manager takes xgrammar for every later
+    request), then a greedy `\\p{L}` regex. vLLM 0.32's own scheduler cannot compile it with
+    xgrammar and fails that request alone (its grammar-error path: HTTP 500 "Internal server
+    error", as without the plugin); the mirror never gets the request, and the engine lives."""
     with running_server(tmp_path / "server.log", "--model", model, "--max-model-len", "256") as server:
         assert re.fullmatch(r"[a-z]{2,8}", served(server, model, {"regex": "[a-z]{2,8}"}))
         status, answer = complete(server, model, structured_outputs={"regex": r"\p{L}{2,12}"})
-        assert status in (200, 400), answer
         if status == 200:
             assert re.fullmatch(r"[^\W\d_]{2,12}", answer["choices"][0]["text"]), answer
+        else:  # vLLM's scheduler refused to compile it: its own error, in its own words
+            assert "Unicode character class escape sequence is not supported" in server.log_text(), answer
         assert healthy(server)
-        assert re.fullmatch(r"[a-z]{2,8}", served(server, model, {"regex": "[a-z]{2,8}"}))
-        assert "EngineDeadError" not in server.log_text()
+        for _ in range(2):
+            assert re.fullmatch(r"[a-z]{2,8}", served(server, model, {"regex": "[a-z]{2,8}"}))
+        log = server.log_text()
+    assert "EngineDeadError" not in log and "could not mirror" not in log
 
 
 def test_the_in_process_engine_sizes_deferred_rows_by_the_grammar_backend(tmp_path, model):
