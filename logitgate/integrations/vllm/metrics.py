@@ -36,8 +36,8 @@ format (prometheus_client.mmap_dict), in one directory per server:
   for the processes vLLM starts from it (removed when that process exits). A collector in
   prometheus_client's default registry, the one vLLM's /metrics serves in this case, sums it.
 Counts of processes that have ended stay counted. Nothing is written on vLLM's objects (no patch
-table row), and nothing here imports more than the standard library and prometheus_client, a
-dependency of vLLM's that vLLM has loaded in every process by then.
+table row). Imports: the standard library and prometheus_client (a small pure-Python dependency of
+vLLM's) when the plugin registers, vllm.envs in the logging thread; never numba or torch.
 
 The periodic line: each process that counts logs, every VLLM_LOG_STATS_INTERVAL seconds (vLLM's
 own stats interval, 10 s by default) while its counters move, what it counted in the interval and
@@ -111,12 +111,11 @@ class _Counts:
         listed from the start). Lock held by the caller."""
         from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
-        path = os.path.join(directory(), f"{FILE_PREFIX}{os.getpid()}.db")
         try:
-            self.file = MmapedDict(path)
-        except OSError as err:
+            self.file = MmapedDict(os.path.join(directory(), f"{FILE_PREFIX}{os.getpid()}.db"))
+        except OSError as err:  # the error names the path
             self.broken = True
-            logger.warning("logitgate: cannot write counters to %s (%s): they stay out of /metrics", path, err)
+            logger.warning("logitgate: cannot write counters (%s): they stay out of /metrics", err)
             return
         self.keys = {name: mmap_key(PREFIX + name, c.exposed, [], [], c.help) for name, c in COUNTERS.items()}
         for name, value in self.values.items():
@@ -126,12 +125,15 @@ class _Counts:
 _counts = _Counts()
 _installed = False
 _own_directory: tuple[int, str] | None = None  # (pid of the creator, path) of the directory this process created
+_directory_lock = threading.Lock()  # one directory per process, whichever thread asks first
 
 
 def _after_fork_in_child() -> None:
-    # A forked child counts in a file of its own; the parent's counts stay the parent's.
-    global _counts
+    # A forked child counts in a file of its own; the parent's counts stay the parent's. Its locks
+    # are new: another thread of the parent may have held them at the fork.
+    global _counts, _directory_lock
     _counts = _Counts()
+    _directory_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -182,14 +184,15 @@ def directory() -> str:
     if multiprocessing.parent_process() is not None and inherited and os.path.isdir(inherited):
         return inherited  # started by vLLM from a process of this server
     global _own_directory
-    if _own_directory is None or _own_directory[0] != os.getpid():
-        # The first process of a server: a directory for it and the processes vLLM starts from it.
-        # A value inherited from elsewhere (a test runner that ran an engine itself) is replaced.
-        path = tempfile.mkdtemp(prefix="logitgate-metrics-")
-        _own_directory = (os.getpid(), path)
-        os.environ[DIR_ENV] = path
-        atexit.register(_remove_own_directory, os.getpid(), path)
-    return _own_directory[1]
+    with _directory_lock:
+        if _own_directory is None or _own_directory[0] != os.getpid():
+            # The first process of a server: a directory for it and the processes vLLM starts from
+            # it. A value inherited from elsewhere (a test runner that ran an engine) is replaced.
+            path = tempfile.mkdtemp(prefix="logitgate-metrics-")
+            _own_directory = (os.getpid(), path)
+            os.environ[DIR_ENV] = path
+            atexit.register(_remove_own_directory, os.getpid(), path)
+        return _own_directory[1]
 
 
 def _remove_own_directory(creator: int, path: str) -> None:
