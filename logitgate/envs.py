@@ -15,6 +15,7 @@
     LOGITGATE_VLLM_OPS                  comma list       all                          what the vLLM plugin takes over: bitmask, sampler, rejection, fill, sample_first, tree; none
     LOGITGATE_VLLM_DEVICES              comma list       cpu                          device types whose vLLM calls run on logitgate's kernels (cpu, cuda, npu)
     LOGITGATE_VLLM_SEEDED               vllm, logitgate  vllm                         who draws seeded rows and fp64-Gumbel calls in vLLM (vllm: the tokens vLLM gives per seed)
+    LOGITGATE_VLLM_METRICS_DIR          path             set by the plugin            where a vLLM server's processes leave logitgate's counters for /metrics (not for operators)
     LOGITGATE_VLLM_PYTHON               path             this interpreter             scripts/bench_vllm.py: the interpreter with a vLLM engine
     LOGITGATE_GPU_SITE                  path             set by the script            scripts/gpu_check.py: its package directory, for its child processes
 
@@ -81,6 +82,9 @@ VARIABLES: dict[str, Variable] = _declare(
              "logitgate.integrations.vllm.replacements"),
     Variable("LOGITGATE_VLLM_SEEDED", "vllm, logitgate", "vllm",
              "who draws seeded rows and fp64-Gumbel calls in vLLM (vllm: the tokens vLLM gives per seed)", "logitgate.integrations.vllm.replacements"),
+    Variable("LOGITGATE_VLLM_METRICS_DIR", "path", "set by the plugin",
+             "where a vLLM server's processes leave logitgate's counters for /metrics (not for operators)",
+             "logitgate.integrations.vllm.metrics"),
     Variable("LOGITGATE_VLLM_PYTHON", "path", "this interpreter",
              "scripts/bench_vllm.py: the interpreter with a vLLM engine", "scripts/bench_vllm.py"),
     Variable("LOGITGATE_GPU_SITE", "path", "set by the script",

@@ -113,6 +113,14 @@ def routed_calls() -> dict:
     return {name: value.routed_calls for name, value in installed().items()}
 
 
+def logitgate_metrics() -> str:
+    """logitgate's counters as vLLM's /metrics would serve them from this process (prometheus_client's
+    default registry, which sums the counts of the engine's processes); empty without the plugin."""
+    from prometheus_client import REGISTRY, generate_latest
+
+    return "\n".join(line for line in generate_latest(REGISTRY).decode().splitlines() if line.startswith("logitgate_"))
+
+
 # A small tree over Llama-3 ids (root 1 -> 1000/2000/3000 -> ...): its complete paths end at <|end_of_text|>.
 TREE_END = 128001
 CHECK_TREE = {"start_token_id": 1, "end_token_id": TREE_END, "prefix_dict": {
@@ -152,7 +160,8 @@ def tree_check(llm, texts: list[str]) -> dict:
 def check(path: str, in_process: bool = True) -> dict:
     """The engine test's scenario (test_engine_ops.py): tree requests (`tree_check`, with the
     plugin only), then 16 JSON requests, greedy, then temperature 1 with per-request seeds, then
-    without; the outputs and the replacements' call counters (in this process only)."""
+    without; the outputs, the replacements' call counters (in this process only) and logitgate's
+    counters (of every process of the engine)."""
     llm = start_engine(path, max_num_seqs=16, in_process=in_process)
     texts = prompts()[:16]
     trees = tree_check(llm, texts) if os.environ.get("VLLM_PLUGINS") != "" else {}
@@ -169,6 +178,7 @@ def check(path: str, in_process: bool = True) -> dict:
         "sampled_finished": sum(o.outputs[0].finish_reason == "stop" for o in sampled),
         "sampled_not_json": [o.outputs[0].text for o, t in zip(sampled, sampled_tokens) if not is_json(llm, t)],
         "routed_calls": routed_calls(),
+        "metrics": logitgate_metrics(),
         **trees,
     }
 

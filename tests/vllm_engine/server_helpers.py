@@ -17,8 +17,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["SERVER_TIMEOUT_S", "Server", "free_port", "post", "running_server", "server_command", "stop", "vllm_serve_command",
-           "wait_healthy"]
+__all__ = ["SERVER_TIMEOUT_S", "Server", "free_port", "logitgate_counters", "metric", "metrics_page", "post", "running_server",
+           "server_command", "stop", "vllm_serve_command", "wait_healthy"]
 
 SERVER_TIMEOUT_S = 420
 
@@ -66,6 +66,29 @@ def post(url: str, body: dict) -> tuple[int, dict]:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read())
+
+
+def metrics_page(url: str) -> str:
+    """The server's Prometheus /metrics page."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as reply:
+        return reply.read().decode()
+
+
+def metric(text: str, name: str) -> float:
+    """The sum of a metric's samples over its label sets in a /metrics page."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith((name + "{", name + " ")))
+
+
+def logitgate_counters(text: str) -> dict[str, float]:
+    """logitgate's counters (integrations/vllm/metrics.py) in a /metrics page, by their short name:
+    `logitgate_<name>_total <value>` -> {name: value}."""
+    counters = {}
+    for line in text.splitlines():
+        if line.startswith("logitgate_"):
+            sample, value = line.rsplit(" ", 1)
+            counters[sample.removeprefix("logitgate_").removesuffix("_total")] = float(value)
+    return counters
 
 
 class Server:

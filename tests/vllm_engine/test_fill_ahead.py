@@ -19,6 +19,15 @@ from test_tree_route import CONFIG, init_grammar, manager_for, request
 pytestmark = needs_vllm_cpu
 
 
+ROWS = 3
+
+
+class StandInMask(tuple):
+    """What the stand-in fill returns: ("mask", id(batch)), with a GrammarOutput's bitmask of ROWS rows."""
+
+    grammar_bitmask = np.zeros((ROWS, 4), np.int32)
+
+
 def scheduler_class(fill=None, schedule_body=None):
     """A class with the two replacements around stand-in originals (vLLM's Scheduler needs a
     whole engine); `fill(self, output)` is the original get_grammar_bitmask."""
@@ -31,7 +40,7 @@ def scheduler_class(fill=None, schedule_body=None):
 
     def original_fill(self, output):
         self.fill_threads.append(threading.current_thread().name)
-        return fill(self, output) if fill else ("mask", id(output))
+        return fill(self, output) if fill else StandInMask(("mask", id(output)))
 
     return type("StandInScheduler", (), {
         "schedule": schedule_replacement(original_schedule, "schedule"),
@@ -114,6 +123,37 @@ def test_an_uncollected_fill_ends_before_the_scheduler_runs_again():
     scheduler.schedule()  # its fill is never collected
     scheduler.schedule()
     assert scheduler.saw_fill_done == [False, True]
+
+
+def test_fills_are_counted_where_they_run_and_the_wait_where_the_engine_waits():
+    """metrics.py's scheduler counters: a batch filled ahead (while the "forward pass" runs, the
+    engine's call only collects it) and one filled in the engine's call (off the CPU)."""
+    from logitgate.integrations.vllm import metrics
+
+    def slow(self, output):
+        time.sleep(0.05)
+        return StandInMask(("mask", id(output)))
+
+    before = metrics.snapshot()
+    ahead = make(scheduler_class(fill=slow))
+    output = ahead.schedule()
+    time.sleep(0.2)  # the forward pass: the fill ends meanwhile
+    ahead.get_grammar_bitmask(output)
+    ahead_done = metrics.snapshot()
+    inline = make(scheduler_class(fill=slow), device="cuda")
+    inline.get_grammar_bitmask(inline.schedule())
+    inline.get_grammar_bitmask(SimpleNamespace())  # another batch, filled in the call too
+    nothing = make(scheduler_class(fill=lambda self, output: None), device="cuda")  # no structured-output row
+    nothing.get_grammar_bitmask(nothing.schedule())
+
+    def gained(now, then):
+        return {name: now[name] - then[name] for name in now}
+
+    first, rest = gained(ahead_done, before), gained(metrics.snapshot(), ahead_done)
+    assert (first["fill_ahead_batches"], first["scheduler_fill_batches"], first["scheduler_fill_rows"]) == (1, 1, ROWS)
+    assert first["scheduler_fill_seconds"] >= 0.05 > first["scheduler_fill_wait_seconds"]  # hidden behind the pass
+    assert (rest["fill_ahead_batches"], rest["scheduler_fill_batches"], rest["scheduler_fill_rows"]) == (0, 2, 2 * ROWS)
+    assert rest["scheduler_fill_wait_seconds"] >= rest["scheduler_fill_seconds"] >= 0.1  # the engine waited for all
 
 
 def test_parallel_fill_of_vllms_manager_with_tree_grammars_fills_the_same_rows():

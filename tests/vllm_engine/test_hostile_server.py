@@ -9,7 +9,8 @@ with its path and the reason.
 The same server is vLLM's default layout (API server, engine core and worker in processes of their
 own), so it also carries the deployment checks of issue 21.c: JSON-schema requests there are valid
 and sampled first (the worker's grammar mirrors), greedy ones identical to vLLM's masked path, with
-the fill running ahead."""
+the fill running ahead; and logitgate's counters reach the API server's /metrics from the engine
+core's process."""
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ import pytest
 
 from json_engine import DEMO_JSON_MAX_TOKENS, DEMO_SCHEMA, STRUCTURED_OUTPUTS_CONFIG, demo_json_prompts
 from ops_helpers import needs_vllm_cpu
-from server_helpers import post, running_server, server_command
+from server_helpers import logitgate_counters, metrics_page, post, running_server, server_command
 from test_vllm_engine import is_complete_path
 
 pytestmark = needs_vllm_cpu
@@ -154,6 +155,27 @@ def test_json_in_the_default_layout_samples_first_and_ends_as_the_masked_path(se
     assert "logitgate sample_first: the worker process checks rows" in log
     assert "logitgate: grammar bitmasks fill while the model runs" in log
     assert "sample_first: off in this engine" not in log
+
+
+def test_logitgate_counters_in_metrics_count_the_json_requests_sent(server, demo):
+    """vLLM's default layout: the counts happen in the engine core's process, /metrics is the API
+    server's (prometheus_client's default registry, reading the server's counter files). Every
+    declared counter is listed; a batch of JSON requests adds one bitmask row per token it sampled,
+    in batches the scheduler filled while the model ran, and the time they took."""
+    from logitgate.integrations.vllm.metrics import COUNTERS
+
+    _, model, _ = demo
+    before = logitgate_counters(metrics_page(server.url))
+    assert set(before) == set(COUNTERS)
+    status, answer = post(f"{server.url}/v1/completions", {
+        "model": model, "prompt": demo_json_prompts(), "max_tokens": DEMO_JSON_MAX_TOKENS, "return_token_ids": True,
+        "temperature": 0, "structured_outputs": {"json": DEMO_SCHEMA}})
+    assert status == 200, answer
+    after = logitgate_counters(metrics_page(server.url))
+    gained = {name: after[name] - before[name] for name in COUNTERS}
+    assert gained["scheduler_fill_rows"] == sum(len(choice["token_ids"]) for choice in answer["choices"]), gained
+    assert 0 < gained["fill_ahead_batches"] <= gained["scheduler_fill_batches"], gained
+    assert gained["scheduler_fill_seconds"] > 0 and gained["scheduler_fill_wait_seconds"] > 0, gained
 
 
 @pytest.mark.parametrize("content, reason", [(None, "No such file or directory"), ("{not json", "not valid JSON")])

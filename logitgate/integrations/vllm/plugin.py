@@ -11,6 +11,7 @@ through vLLM's structured outputs (tree_route.py); without it, tree requests are
 unless a logitgate logits processor serves them. The others route vLLM's operations to
 logitgate's backend (ops.py). Everything the plugin changes in vLLM is one row of the patch table
 (patches.py: why, until when, and whether a vLLM without the name stops start-up or only warns).
+With any operation selected, logitgate's counters join vLLM's /metrics (metrics.py).
 A server-wide tree (`LOGITGATE_TREE_DECODE_CONFIG`) that is missing or malformed stops start-up
 here, with its path and the reason.
 """
@@ -80,6 +81,10 @@ def register() -> None:
     replaced = install_tree_route(serve="tree" in ops)
     if ops:  # the kernel ops selected, and vLLM fixes the tree's guarantees rely on (ops.FIX)
         replaced += _install_ops(ops - {"tree"})
+        # Before vLLM starts its other processes: they inherit where to leave their counters.
+        from . import metrics
+
+        metrics.install()
     _registered = True
     if replaced:
         logger.info("logitgate plugin (%s=%s) replaced in vLLM: %s", OPS_ENV, ",".join(sorted(ops)), "; ".join(replaced))
