@@ -133,6 +133,6 @@ def test_logitgate_counters_reach_the_llm_programs_registry(runs, default_layout
         assert set(counters) == set(COUNTERS), layout
         returned = sum(map(len, run["greedy_outputs"])) + sum(len(tokens) for key in ("tree_greedy", "tree_t1")
                                                               for tokens, _ in run[key])
-        assert counters["scheduler_fill_rows"] > returned, (layout, counters, returned)
+        assert counters["scheduler_fill_rows"] + counters["sample_first_rows_deferred"] > returned, (layout, counters, returned)
         assert 0 < counters["fill_ahead_batches"] <= counters["scheduler_fill_batches"], (layout, counters)
         assert counters["scheduler_fill_seconds"] > 0, (layout, counters)

@@ -158,10 +158,11 @@ def test_json_in_the_default_layout_samples_first_and_ends_as_the_masked_path(se
 
 
 def test_logitgate_counters_in_metrics_count_the_json_requests_sent(server, demo):
-    """vLLM's default layout: the counts happen in the engine core's process, /metrics is the API
-    server's (prometheus_client's default registry, reading the server's counter files). Every
-    declared counter is listed; a batch of JSON requests adds one bitmask row per token it sampled,
-    in batches the scheduler filled while the model ran, and the time they took."""
+    """vLLM's default layout: the counts happen in the engine core's and the worker's processes,
+    /metrics is the API server's (prometheus_client's default registry, reading the server's
+    counter files). Every declared counter is listed; a batch of JSON requests adds one bitmask row
+    per token it sampled, filled by the scheduler (in batches filled while the model ran) or
+    deferred to sample first, each deferred row with its outcome."""
     from logitgate.integrations.vllm.metrics import COUNTERS
 
     _, model, _ = demo
@@ -173,9 +174,34 @@ def test_logitgate_counters_in_metrics_count_the_json_requests_sent(server, demo
     assert status == 200, answer
     after = logitgate_counters(metrics_page(server.url))
     gained = {name: after[name] - before[name] for name in COUNTERS}
-    assert gained["scheduler_fill_rows"] == sum(len(choice["token_ids"]) for choice in answer["choices"]), gained
+    rows = gained["scheduler_fill_rows"] + gained["sample_first_rows_deferred"]
+    assert rows == sum(len(choice["token_ids"]) for choice in answer["choices"]), gained
+    outcomes = sum(gained[f"sample_first_rows_{how}"] for how in ("accepted", "redrawn", "filled", "unchecked"))
+    assert outcomes == gained["sample_first_rows_deferred"] and gained["sample_first_rows_unchecked"] == 0, gained
     assert 0 < gained["fill_ahead_batches"] <= gained["scheduler_fill_batches"], gained
     assert gained["scheduler_fill_seconds"] > 0 and gained["scheduler_fill_wait_seconds"] > 0, gained
+
+
+def test_the_worker_keeps_no_mirror_of_finished_requests_and_none_of_trees(server, demo):
+    """Issue 30.3-5: one request after another, each mirrored while it runs; a finished request's
+    mirror leaves the worker with it (at most the last request's is still held, until the next
+    step). Tree requests are filled by the scheduler: never mirrored, so a big tree never costs the
+    worker a compile or memory."""
+    _, model, _ = demo
+    prompts = demo_json_prompts()
+    for i in range(6):
+        status, answer = post(f"{server.url}/v1/completions", {
+            "model": model, "prompt": prompts[i % len(prompts)], "max_tokens": DEMO_JSON_MAX_TOKENS,
+            "temperature": 0, "structured_outputs": {"json": DEMO_SCHEMA}})
+        assert status == 200, answer
+    counters = logitgate_counters(metrics_page(server.url))
+    assert counters["sample_first_mirrors_started"] >= 6, counters
+    assert counters["sample_first_mirrors_started"] - counters["sample_first_mirrors_dropped"] <= 1, counters
+    asked = counters["sample_first_mirrors_asked"]
+    for _ in range(3):
+        status, answer = completion(server, demo, temperature=0, vllm_xargs={"tree_decode": "catalog"})
+        assert status == 200, answer
+    assert logitgate_counters(metrics_page(server.url))["sample_first_mirrors_asked"] == asked
 
 
 @pytest.mark.parametrize("content, reason", [(None, "No such file or directory"), ("{not json", "not valid JSON")])

@@ -558,16 +558,22 @@ def test_finished_requests_leave_the_worker_with_their_mirrors(tokenizer):
     step(scheduler, runner)
     for req_id in list(scheduler.requests):
         wait_ready(scheduler, runner, req_id)
+    from logitgate.integrations.vllm import metrics
+
     mirrors = runner.runner.__dict__["_logitgate_mirrors"]
     assert len(mirrors) == 3
+    before = metrics.snapshot()["sample_first_mirrors_dropped"]
     del runner.requests["r0"], runner.requests["r1"]  # finished: vLLM's runner dropped them
     runner.sample_tokens(None)
     assert set(mirrors._mirrors) == {"r2"}
+    assert metrics.snapshot()["sample_first_mirrors_dropped"] == before + 2
 
 
 def test_outcomes_teach_the_policy_and_a_rejecting_request_fills_first(tokenizer):
     """A request whose deferred draws are rejected (its model always prefers a raw newline, which
     no JSON string allows) soon stops being deferred; its rows are filled by the scheduler."""
+    from logitgate.integrations.vllm import metrics
+
     scheduler = Scheduler("xgrammar")
     scheduler.add("r0")
     logits = torch.zeros(1, V)
@@ -575,8 +581,10 @@ def test_outcomes_teach_the_policy_and_a_rejecting_request_fills_first(tokenizer
     runner = worker_for(scheduler, logits)
     step(scheduler, runner)
     wait_ready(scheduler, runner, "r0")
+    before = metrics.snapshot()
     deferred = [bool(getattr(step(scheduler, runner, advance=True)[0], "deferred", None)) for _ in range(12)]
     assert any(deferred) and sum(deferred) <= 4, deferred
-    totals = scheduler.state.totals
-    assert totals.get("rows_redrawn", 0) + totals.get("rows_filled", 0) == sum(deferred)
-    assert totals.get("rows_accepted", 0) == 0 and totals["rows_filled_scheduler"] > 0
+    gained = {name: value - before[name] for name, value in metrics.snapshot().items()}
+    assert gained["sample_first_rows_deferred"] == sum(deferred)
+    assert gained["sample_first_rows_redrawn"] + gained["sample_first_rows_filled"] == sum(deferred)
+    assert gained["sample_first_rows_accepted"] == 0 and gained["sample_first_settle_seconds"] > 0

@@ -95,7 +95,8 @@ def _fill(compute: Callable, scheduler: Any, scheduler_output: Any) -> Any:
     if result is not None:  # None: no structured-output row in the batch, nothing filled
         metrics.add("scheduler_fill_seconds", time.perf_counter() - start)
         metrics.add("scheduler_fill_batches")
-        metrics.add("scheduler_fill_rows", len(result.grammar_bitmask))
+        bitmask = result.grammar_bitmask  # rows sample_first left unfilled are not counted as filled
+        metrics.add("scheduler_fill_rows", len(bitmask) - len(getattr(bitmask, "deferred", None) or ()))
     return result
 
 

@@ -18,10 +18,10 @@ ValueError. Each is exposed as the Prometheus counter `logitgate_<name>_total`; 
 seconds, named `..._seconds` (Prometheus conventions). `add` costs a dict look-up, a lock and a
 16-byte write into a memory-mapped file (about a microsecond): cheap per step, safe from any thread.
 
-Counters of the `sample_first` operation expected next (its author declares them here):
-`sample_first_rows_deferred` (rows the scheduler left unfilled for the worker), `..._rows_accepted`
-(first draw accepted by the grammar), `..._rows_redrawn` (settled by drawing or searching again),
-`..._rows_filled` (the worker filled the row's mask), `..._check_seconds`, `..._settle_seconds`.
+The `sample_first` counters are counted where their facts are known: the scheduler (engine core)
+counts the rows it defers and, from the worker's report, each deferred row's outcome and the
+worker's time on it; the worker counts the mirrors it starts and drops (their difference is the
+mirrors it holds).
 
 How the counts reach /metrics (vLLM's API server serves it, while the counts happen in the engine
 core and the worker, each a process of its own with vLLM's defaults): every process writes its
@@ -87,11 +87,23 @@ def _declare(*counters: Counter) -> dict[str, Counter]:
 COUNTERS: dict[str, Counter] = _declare(
     Counter("fill_ahead_batches", "batches whose grammar bitmask the scheduler started filling while the model ran"),
     Counter("scheduler_fill_batches", "batches whose grammar bitmask the scheduler computed, ahead or in the engine step"),
-    Counter("scheduler_fill_rows", "grammar-bitmask rows of those batches, one per structured-output token sampled "
-                                   "(rows sample_first deferred included, left all-ones)"),
+    Counter("scheduler_fill_rows", "grammar-bitmask rows the scheduler filled in those batches (rows sample_first "
+                                   "deferred are not filled: see sample_first_rows_deferred)"),
     Counter("scheduler_fill_seconds", "seconds the scheduler spent computing those bitmasks"),
     Counter("scheduler_fill_wait_seconds", "seconds engine steps waited for their bitmask (the fill not hidden behind "
                                            "the forward pass)"),
+    Counter("sample_first_rows_deferred", "rows the scheduler left unfilled to sample first (sample_first)"),
+    Counter("sample_first_rows_accepted", "deferred rows whose first draw their grammar accepted"),
+    Counter("sample_first_rows_redrawn", "deferred rows whose draw was rejected, settled among their best keys"),
+    Counter("sample_first_rows_filled", "deferred rows whose draw was rejected, settled through a mask the worker filled"),
+    Counter("sample_first_rows_unchecked", "deferred rows no grammar could check in the worker (a mirror out of step; "
+                                           "the scheduler's grammar checked the token)"),
+    Counter("sample_first_check_seconds", "worker seconds checking accepted rows (mirror advance included)"),
+    Counter("sample_first_settle_seconds", "worker seconds on rejected rows (check, race, candidates, fills)"),
+    Counter("sample_first_mirrors_asked", "requests the scheduler asked the worker to mirror"),
+    Counter("sample_first_mirrors_failed", "mirrors the worker could not build (their requests are filled by the scheduler)"),
+    Counter("sample_first_mirrors_started", "grammar mirrors the worker started compiling"),
+    Counter("sample_first_mirrors_dropped", "grammar mirrors the worker dropped (request finished, failed, out of step)"),
 )
 
 

@@ -27,6 +27,8 @@ from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
 
+from .. import metrics
+
 __all__ = ["GrammarMirrors", "MirrorError"]
 
 
@@ -83,6 +85,7 @@ class GrammarMirrors:
             done.set_result(grammar)
             grammar = done
         self._mirrors[req_id] = [grammar, 0]
+        metrics.add("sample_first_mirrors_started")
 
     def settle(self) -> tuple[tuple[str, ...], dict[str, str]]:
         """The mirrors that finished compiling since the last call, and the ones that failed (with
@@ -94,7 +97,7 @@ class GrammarMirrors:
             error = grammar.exception()
             if error is not None:
                 self._failed[req_id] = f"{type(error).__name__}: {error}"
-                del self._mirrors[req_id]
+                self._drop(req_id)
             else:
                 mirror[0] = grammar.result()
                 self._ready.append(req_id)
@@ -105,7 +108,11 @@ class GrammarMirrors:
     def keep_only(self, live: Any) -> None:
         """Drop the mirrors of requests no longer in the runner (`live`: its request ids)."""
         for req_id in [r for r in self._mirrors if r not in live]:
-            del self._mirrors[req_id]
+            self._drop(req_id)
+
+    def _drop(self, req_id: str) -> None:
+        del self._mirrors[req_id]
+        metrics.add("sample_first_mirrors_dropped")
 
     def advance(self, req_id: str, start: int, tokens: tuple[int, ...]) -> Any:
         """The mirror of `req_id` advanced to the scheduler's grammar: `tokens` are the output
@@ -116,11 +123,11 @@ class GrammarMirrors:
             raise MirrorError(f"the worker has no compiled mirror of request {req_id}'s grammar")
         grammar, taken = mirror
         if start != taken:
-            del self._mirrors[req_id]
+            self._drop(req_id)
             raise MirrorError(f"the worker's mirror of request {req_id} has taken {taken} tokens, the scheduler's "
                               f"grammar {start}")
         if tokens and not grammar.accept_tokens(req_id, list(tokens)):
-            del self._mirrors[req_id]
+            self._drop(req_id)
             raise MirrorError(f"the worker's mirror of request {req_id} refused tokens {list(tokens)} its scheduler "
                               "accepted")
         mirror[1] = taken + len(tokens)

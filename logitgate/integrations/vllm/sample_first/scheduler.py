@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import metrics
 from ..replacements import mark_replacement
 from . import DeferredRows, Entry, Report, row_can_sample_first
 from .layout import runner_handles_deferred, runners, why_not_one_cpu_worker
@@ -30,22 +31,18 @@ BACKENDS = {"XgrammarBackend": "xgrammar", "GuidanceBackend": "guidance"}
 
 @dataclasses.dataclass
 class EngineState:
-    """One manager's part: the policy, whether its worker process keeps mirrors, what was logged,
-    and running totals (rows by outcome, seconds by place) for the metrics and the tests."""
+    """One manager's part: the policy, whether its worker process keeps mirrors, the bitmask width,
+    what was logged once."""
 
     policy: Policy = dataclasses.field(default_factory=Policy)
     worker_mirrors: bool = False
     width: int | None = None  # words of a bitmask row, as the manager's backend allocates them
     logged: set[str] = dataclasses.field(default_factory=set)
-    totals: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def log_once(self, key: str, level: int, message: str, *args: Any) -> None:
         if key not in self.logged:
             self.logged.add(key)
             logger.log(level, message, *args)
-
-    def add(self, name: str, value: float = 1) -> None:
-        self.totals[name] = self.totals.get(name, 0) + value
 
 
 def engine_state(manager: Any) -> EngineState:
@@ -154,6 +151,7 @@ def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
                 if not row.mirror:  # its row is filled until the worker says the mirror compiled
                     row.mirror = "asked"
                     mirror[req_id] = backend
+                    metrics.add("sample_first_mirrors_asked")
                 continue
             if state.policy.samples_first(row) and not _forced(grammar):
                 deferred[req_id] = _entry(request, grammar, where, row)
@@ -165,7 +163,7 @@ def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
         bitmask = np.full((len(structured_output_request_ids), _width(self, state)), -1, dtype=np.int32)
         if filled is not None:
             bitmask[rows] = filled
-        state.add("rows_deferred", len(deferred))
+        metrics.add("sample_first_rows_deferred", len(deferred))
         grammar_bitmask.routed_calls += len(deferred)
         return DeferredRows.wrap(bitmask, deferred, mirror)
 
@@ -173,15 +171,13 @@ def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
 
 
 def _timed_fill(original: Callable, manager: Any, state: EngineState, requests: Any, ids: list[str], spec: Any) -> Any:
-    """vLLM's own fill of `ids`, timed for the policy (seconds per filled row)."""
+    """vLLM's own fill of `ids`, timed for the policy (seconds per filled row; the fill's metrics
+    are fill_ahead's)."""
     if not ids:
         return original(manager, requests, ids, spec)
     start = time.perf_counter()
     out = original(manager, requests, ids, spec)
-    seconds = time.perf_counter() - start
-    state.policy.costs.record_fill(seconds, len(ids))
-    state.add("rows_filled_scheduler", len(ids))
-    state.add("seconds_fill_scheduler", seconds)
+    state.policy.costs.record_fill(time.perf_counter() - start, len(ids))
     return out
 
 
@@ -197,15 +193,16 @@ def take_report(manager: Any, requests: dict[str, Any], report: Report) -> None:
         if req_id in requests:
             row_state(requests[req_id]).mirror = "ready"
     for req_id, why in report.failed.items():
-        state.add("mirrors_failed")
+        metrics.add("sample_first_mirrors_failed")
         logger.warning("logitgate sample_first: the worker could not mirror the grammar of request %s (%s); "
                        "its rows are filled by the scheduler", req_id, why)
         if req_id in requests:
             row_state(requests[req_id]).mirror = "failed"
     policy = state.policy
     for req_id, outcome in report.outcomes.items():
-        state.add(f"rows_{outcome.how}")
-        state.add(f"seconds_{outcome.how}", outcome.seconds)
+        metrics.add(f"sample_first_rows_{outcome.how}")
+        metrics.add("sample_first_check_seconds" if outcome.how == "accepted" else "sample_first_settle_seconds",
+                    outcome.seconds)
         request = requests.get(req_id)
         if outcome.how == "unchecked":
             logger.error("logitgate sample_first: request %s: %s; its token is checked by the scheduler's grammar "
