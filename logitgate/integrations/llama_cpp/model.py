@@ -17,7 +17,7 @@ class LlamaModelInfo:
     """Vocabulary and identity of one `llama_cpp.Llama` (read once, on first use)."""
 
     def __init__(self, llm: Any) -> None:
-        if not all(hasattr(llm, name) for name in ("n_vocab", "tokenize", "token_eos", "_model")):
+        if not all(hasattr(llm, name) for name in ("n_vocab", "tokenize", "token_eos", "model")):
             raise ValueError(f"expected a llama_cpp.Llama, got {type(llm).__name__}")
         self.llm = llm
         self.vocab_size = int(llm.n_vocab())
@@ -27,7 +27,7 @@ class LlamaModelInfo:
     def _vocab(self) -> Any:
         import llama_cpp
 
-        return llama_cpp.llama_model_get_vocab(self.llm._model.model)
+        return llama_cpp.llama_model_get_vocab(self.llm.model)
 
     @cached_property
     def stop_token_ids(self) -> list[int]:
