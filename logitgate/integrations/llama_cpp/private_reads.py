@@ -62,7 +62,7 @@ PRIVATE_READS: tuple[PrivateRead, ...] = (
     PrivateRead("llama_cpp", "llama_vocab_is_eog", "call",
                 "the model's end-of-generation tokens (the processor's fallback and the tree's ends)", _C_API),
     PrivateRead("llama_cpp", "llama_token_to_piece", "call",
-                "each token's bytes (xgrammar's vocabulary, text markers, skip-ahead's text)", _C_API),
+                "each token's bytes (xgrammar's vocabulary, text markers, the exact text of strings=)", _C_API),
 )
 
 
