@@ -239,7 +239,9 @@ class LlamaLogitsProcessor:
 
     def valid_drafts(self, input_ids: np.ndarray, drafts: Sequence[int]) -> int:
         """How many leading `drafts` the constraint allows after `input_ids` (the generated part
-        after this generation's prompt)."""
+        after this generation's prompt). None after a failure: only stop tokens follow."""
+        if self.error is not None:
+            return 0
         if self._prompt is None:
             return len(drafts)
         base = [int(t) for t in input_ids[len(self._prompt) :]]

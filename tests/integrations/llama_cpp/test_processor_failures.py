@@ -82,6 +82,34 @@ def test_no_injected_failure_lets_a_refused_token_through(llm, trie, monkeypatch
             assert tokens[-1] in stops, where  # the generation ended: a complete path, or cut short by the failure
 
 
+@pytest.mark.parametrize("point", ["_generated", "tracker.mask", "tracker.sync"])
+def test_with_drafts_too(model_path, trie, monkeypatch, point):
+    """Prompt-lookup drafts (TreeDrafts) under a failing processor: drafts stop after the failure and
+    no refused token is emitted."""
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    from logitgate.integrations.llama_cpp import TreeDrafts
+    from tests.helpers.llama_helpers import load
+
+    drafted = load(model_path, draft_model=TreeDrafts(LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=6)))
+    try:
+        constraint = constrain(drafted, strings=CITIES)
+        stops = set(constraint.info.stop_token_ids)
+        for at in (1, 2, 3):
+            p = constraint.logits_processor()
+            with monkeypatch.context() as patch:
+                wrapper = _inject(p, point, at, ValueError("injected"), patch)
+                tokens = _run(drafted, p, 0.0)
+            for i, token in enumerate(tokens):
+                if token not in trie.allowed(tokens[:i]):
+                    assert wrapper.calls >= at and token in stops and i == len(tokens) - 1, (point, at, tokens)
+            assert tokens[-1] in stops
+            if p.error is not None:
+                assert p.valid_drafts(np.array([1, 2, 3], np.intc), tokens) == 0
+    finally:
+        drafted.close()
+
+
 def test_a_failure_is_logged_once_and_later_calls_keep_refusing(llm, caplog):
     p = constrain(llm, strings=CITIES).logits_processor()
     vocab = llm.n_vocab()
