@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.doc_blocks import blocks, command_words
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -27,8 +29,7 @@ def _name(page: Path) -> str:
     return str(page.relative_to(ROOT))
 
 
-def _blocks(page: Path, lang: str) -> list[str]:
-    return re.findall(rf"^```{lang}\n(.*?)^```", page.read_text(), flags=re.S | re.M)
+_blocks = blocks
 
 
 PYTHON_PAGES = [page for page in PAGES if _blocks(page, "python")]
@@ -123,7 +124,7 @@ SHELL_LINES = [
     for page in PAGES
     for block in _blocks(page, "bash")
     for line in block.splitlines()
-    if line.split("#")[0].strip()
+    if command_words(line)[1]
 ]
 
 
@@ -156,10 +157,11 @@ def _pip_line_problem(words: list[str], root: Path) -> str | None:
 def test_shell_commands_exist(page, line):
     """```bash blocks are not run here (make test would recurse; benchmarks take minutes), but every
     make target they name exists, every script or `logitgate` command they run answers --help and
-    every `pip` line installs what exists (as the Makefile, which CI runs, installs it)."""
+    every `pip` line installs what exists (as the Makefile, which CI runs, installs it). Leading
+    NAME=value assignments (CMAKE_ARGS=...) are the command's environment."""
     # This checkout's logitgate, not another copy installed in the interpreter (a worktree).
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    words = line.split()
+    words = command_words(line)[1]
     where = _name(page)
     if words[0] == "pip":
         problem = _pip_line_problem(words, ROOT)

@@ -24,7 +24,7 @@ from .bench_harness import NOISY_SPREAD, impl_label
 SCRIPTS_DIR = Path(__file__).resolve().parents[2] / "scripts"
 SPEEDUP_KEY = re.compile(r"(^|_)speedup(_|$)")  # speedup_vs_x, dense_speedup_vs_x: x's time / logitgate's
 TIME_RATIO_KEY = re.compile(r"^vs_|_ratio$")  # vs_x, *_ratio: logitgate's time / x's time
-CASE_KEYS = ("case", "op", "scenario", "shape", "dtype", "allowed", "mode", "batch", "vocab", "items", "k", "drafts")
+CASE_KEYS = ("case", "threads", "op", "scenario", "shape", "dtype", "allowed", "mode", "batch", "vocab", "items", "k", "drafts")
 
 
 def available() -> list[str]:

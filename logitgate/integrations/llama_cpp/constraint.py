@@ -7,6 +7,7 @@ from typing import Any
 
 from ...structured.tree import TreeDFA
 from ...structured.tree_loaders import parse_token_trie
+from . import private_reads
 from .model import LlamaModelInfo
 from .processor import MODES, LlamaLogitsProcessor
 from .state import GrammarTracker, TreeTracker
@@ -118,6 +119,7 @@ def constrain(
     model and an invalid grammar raise ValueError naming the problem; compiled trees and grammars
     are cached (the same constraint compiles once per process)."""
     info = LlamaModelInfo(llm)
+    private_reads.check(llm)
     given = {name: value for name, value in locals().items() if name in _TREE_SOURCES + tuple(_GRAMMAR_SOURCES) and value is not None}
     if len(given) != 1:
         names = ", ".join(_TREE_SOURCES + tuple(_GRAMMAR_SOURCES))

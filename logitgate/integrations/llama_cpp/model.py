@@ -10,6 +10,8 @@ from typing import Any
 
 from ...structured.compile_cache import LRUCache
 
+# Tokenized before a text whose tokenization puts a space before it (SentencePiece), then dropped.
+_SEPARATORS = ("\n", "a", ".")
 _backends: LRUCache[Any] = LRUCache(8)  # xgrammar backends (each with its compiler cache), per model
 
 
@@ -17,7 +19,7 @@ class LlamaModelInfo:
     """Vocabulary and identity of one `llama_cpp.Llama` (read once, on first use)."""
 
     def __init__(self, llm: Any) -> None:
-        if not all(hasattr(llm, name) for name in ("n_vocab", "tokenize", "token_eos", "_model")):
+        if not all(hasattr(llm, name) for name in ("n_vocab", "tokenize", "token_eos", "model")):
             raise ValueError(f"expected a llama_cpp.Llama, got {type(llm).__name__}")
         self.llm = llm
         self.vocab_size = int(llm.n_vocab())
@@ -27,7 +29,7 @@ class LlamaModelInfo:
     def _vocab(self) -> Any:
         import llama_cpp
 
-        return llama_cpp.llama_model_get_vocab(self.llm._model.model)
+        return llama_cpp.llama_model_get_vocab(self.llm.model)
 
     @cached_property
     def stop_token_ids(self) -> list[int]:
@@ -75,8 +77,31 @@ class LlamaModelInfo:
             size = -n
 
     def tokenize(self, text: str) -> list[int]:
-        """Token ids of `text` as the model writes it (no BOS; special-token text is not parsed)."""
+        """Token ids whose bytes are exactly `text` (no BOS; special-token text is not parsed), as the
+        model writes it after other text. SentencePiece vocabularies (Llama-2, Mistral) put a space
+        before a text they tokenize (`add_space_prefix`); that space is not part of `text`, so the
+        text is tokenized after a separator that is then dropped: `strings=["Paris"]` completes
+        "Paris" on every vocabulary, and `" Paris"` (the word after a space) where a space is meant."""
+        encoded = text.encode("utf-8")
+        ids = self._tokenize(text)
+        if self.text_of(ids) == encoded:
+            return ids
+        for separator in _SEPARATORS:
+            head = self._tokenize(separator)
+            ids = self._tokenize(separator + text)
+            if ids[: len(head)] == head and self.text_of(ids[len(head) :]) == encoded:
+                return ids[len(head) :]
+        raise ValueError(
+            f"{text!r}: the tokenizer writes it as {self.text_of(self._tokenize(text))!r} and no separator "
+            f"({', '.join(map(repr, _SEPARATORS))}) gives its exact bytes; give its token ids (sequences=)"
+        )
+
+    def _tokenize(self, text: str) -> list[int]:
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+    def text_of(self, ids: list[int]) -> bytes:
+        """The bytes `ids` add to a text (their pieces, as llama-cpp-python's completions join them)."""
+        return b"".join(self.token_bytes(t) for t in ids)
 
     def grammar_backend(self) -> Any:
         """logitgate's xgrammar backend over this model's vocabulary (shared by every constraint

@@ -12,9 +12,12 @@
 
 State is per generation and derived from the generated tokens (`state.py`): a call for an earlier
 position (llama-cpp-python verifying drafts, see `drafts.py`) rolls back, a repeated prompt starts
-over. llama-cpp-python calls processors from a C callback that swallows exceptions, so an error
-inside a call is logged, kept in `.error`, and the call allows only the stop tokens: generation
-ends instead of leaving the constraint.
+over. llama-cpp-python calls processors from a C callback that swallows exceptions (and then
+passes the logits on unmasked), so nothing may escape a call: the first error of any kind is kept
+in `.error` and logged once, and from then on every call of this processor only narrows what the
+logits allow (`refuse`: stop tokens only, the generation ends). Scores or input ids that do not
+fit the model the constraint was compiled for (another model's) fail the first call, before the
+first token; their stop tokens are unknown here, so such a call keeps no token at all.
 """
 from __future__ import annotations
 
@@ -32,6 +35,25 @@ logger = logging.getLogger(__name__)
 MODES = ("greedy", "sampled")
 
 
+def refuse(scores: Any, stops: np.ndarray, vocab_size: int) -> np.ndarray:
+    """The fallback of a failed call, which cannot fail itself: every logit -inf but the stop tokens'
+    (their own values, so it only narrows what the logits allow). Scores of another width are
+    another model's, whose stop tokens are unknown here: nothing is kept. Never the logits unmasked:
+    llama-cpp-python's C callback would pass them on if this raised."""
+    try:
+        out = np.full(len(scores), -np.inf, dtype=np.float32)
+        if len(out) == vocab_size:
+            keep = stops[(stops >= 0) & (stops < len(out))]
+            out[keep] = np.asarray(scores, dtype=np.float32)[keep]
+        return out
+    except BaseException:  # noqa: BLE001 - not an array of floats: narrow it in place, keeping nothing
+        try:
+            scores[...] = -np.inf
+        except BaseException:  # noqa: BLE001
+            pass
+        return scores
+
+
 class _Span:
     __slots__ = ("start", "end")
 
@@ -47,7 +69,11 @@ class LlamaLogitsProcessor:
     def __init__(self, constraint: Any) -> None:
         self.constraint = constraint
         self.info: LlamaModelInfo = constraint.info
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None  # the first failure: the generation ends (stop tokens only)
+        vocab = self.info.vocab_size
+        # Computed here, outside llama-cpp-python's callback, so the fallback only reads an array.
+        self._stops = np.array(sorted({t for t in self.info.stop_token_ids if 0 <= t < vocab}), dtype=np.intp)
+        self._model_name = min(self.info.model_ids, default="the model")
         self._tracker = constraint.new_tracker()
         self._prompt: np.ndarray | None = None
         self._draft_base: int | None = None  # set by TreeDrafts: the next calls sample base + 0, 1, ...
@@ -103,6 +129,7 @@ class LlamaLogitsProcessor:
             self.reset()
             pos = len(input_ids)
             self._prompt = prompt = np.array(input_ids, dtype=np.intc)
+            self._check_ids(prompt)
             if self.constraint.tree_start is not None and (not pos or int(prompt[-1]) != self.constraint.tree_start):
                 logger.warning(
                     "the prompt does not end with the tree's start token %d (last prompt token: %s); "
@@ -110,6 +137,15 @@ class LlamaLogitsProcessor:
                 )
         self._last_pos = pos
         return [int(t) for t in input_ids[len(prompt) : pos]]
+
+    def _check_ids(self, prompt: np.ndarray) -> None:
+        vocab = self.info.vocab_size
+        bad = prompt[(prompt < 0) | (prompt >= vocab)]
+        if len(bad):
+            raise ValueError(
+                f"the input has token id {int(bad[0])}, outside {self._model_name}'s vocabulary [0, {vocab}): "
+                "this processor was compiled for another model (build one with constrain(llm, ...) for each Llama)"
+            )
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -166,29 +202,46 @@ class LlamaLogitsProcessor:
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         self.calls += 1
+        if self.error is None:
+            try:
+                return self._constrained(input_ids, scores)
+            except BaseException as exc:  # noqa: BLE001 - the C callback would swallow it and pass the logits on
+                self._failed(exc)
+        return refuse(scores, self._stops, self.info.vocab_size)
+
+    def _constrained(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         register(self)
+        if len(scores) != self.info.vocab_size:
+            raise ValueError(
+                f"scores have {len(scores)} entries but {self._model_name} has a vocabulary of "
+                f"{self.info.vocab_size}: this processor was compiled for another model (build one with "
+                "constrain(llm, ...) for each Llama)"
+            )
         out = np.array(scores, dtype=np.float32)  # contiguous copy: llama-cpp-python passes a strided view
-        try:
-            if len(out) != self.info.vocab_size:
-                raise ValueError(f"scores have {len(out)} entries but the model's vocabulary has {self.info.vocab_size}")
-            self._sync(self._generated(np.asarray(input_ids)))
-            if self.in_span:
-                self._tracker.mask(out)
-                if self.constraint.mode == "greedy":
-                    best = int(np.argmax(out))
-                    value = out[best]
-                    out.fill(-np.inf)
-                    out[best] = value
-        except Exception as exc:  # the C callback would swallow it: end the generation instead
-            self.error = exc
-            logger.error("logitgate constraint failed, ending the generation: %s", exc, exc_info=True)
-            out.fill(-np.inf)
-            out[self.info.stop_token_ids] = 0.0
+        self._sync(self._generated(np.asarray(input_ids)))
+        if self.in_span:
+            self._tracker.mask(out)
+            if self.constraint.mode == "greedy":
+                best = int(np.argmax(out))
+                value = out[best]
+                out.fill(-np.inf)
+                out[best] = value
         return out
+
+    def _failed(self, exc: BaseException) -> None:
+        """Keep the first error; from now on every call allows only the stop tokens."""
+        self.error = exc
+        try:
+            logger.error("logitgate constraint failed, ending the generation (only stop tokens from now on): %s",
+                         exc, exc_info=exc)
+        except BaseException:  # noqa: BLE001 - logging must not undo the refusal
+            pass
 
     def valid_drafts(self, input_ids: np.ndarray, drafts: Sequence[int]) -> int:
         """How many leading `drafts` the constraint allows after `input_ids` (the generated part
-        after this generation's prompt)."""
+        after this generation's prompt). None after a failure: only stop tokens follow."""
+        if self.error is not None:
+            return 0
         if self._prompt is None:
             return len(drafts)
         base = [int(t) for t in input_ids[len(self._prompt) :]]

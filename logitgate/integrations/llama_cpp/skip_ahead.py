@@ -39,7 +39,7 @@ def _reuse_prompt_cache(llm: Any, prompt_ids: list[int]) -> int:
     """Evaluate the prompt, keeping the KV cache of the longest prefix it shares with what the model
     last evaluated (as llama-cpp-python's own generate does); at least the last prompt token is
     evaluated again, for fresh logits. Returns how many tokens were evaluated."""
-    cached = llm._input_ids[: llm.n_tokens]
+    cached = llm.input_ids[: llm.n_tokens]
     keep = 0
     limit = min(len(cached), len(prompt_ids) - 1)
     while keep < limit and cached[keep] == prompt_ids[keep]:

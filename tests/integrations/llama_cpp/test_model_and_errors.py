@@ -1,5 +1,5 @@
-"""The tiny GGUF model carries the real tokenizer; model identity and processor failure handling."""
-import numpy as np
+"""The tiny GGUF model carries the real tokenizer; model identity; skip-ahead argument errors (the
+processor's failure handling: test_processor_failures.py)."""
 import pytest
 
 from logitgate.integrations.llama_cpp import constrain, generate
@@ -24,15 +24,6 @@ def test_model_ids(llm):
     ids = constraint.info.model_ids
     assert llm.metadata["general.name"] in ids and any(i.endswith(".gguf") for i in ids)
     assert set(constraint.info.stop_token_ids) >= {llm.token_eos()}
-
-
-def test_a_failing_call_ends_the_generation_instead_of_dropping_the_constraint(llm, caplog):
-    processor = constrain(llm, strings=CITIES).logits_processor()
-    scores = np.zeros(llm.n_vocab() - 1, np.float32)  # wrong width: the call fails
-    out = processor(np.array([1, 2, 3], np.intc), scores)
-    assert isinstance(processor.error, ValueError) and "vocabulary" in str(processor.error)
-    assert set(np.flatnonzero(np.isfinite(out)).tolist()) == set(processor.info.stop_token_ids)
-    assert "ending the generation" in caplog.text
 
 
 def test_skip_ahead_argument_errors(llm, model_path):
