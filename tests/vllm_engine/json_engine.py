@@ -48,25 +48,11 @@ def build_model(path: Path) -> Path:
     """A random 2-layer Llama with Llama-3's tokenizer saved next to it (fixed seed)."""
     if (path / "config.json").exists() and (path / "tokenizer.json").exists():
         return path
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from logitgate.models.tiny_llama3 import save_model_folder, tiny_llama3
 
-    from logitgate.models.real_vocab import load_tokenizer
-
-    tokenizer = load_tokenizer("llama3")
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-    )
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # larger logits than the default init: peaked, model-like distributions
-        model.model.embed_tokens.weight.normal_(0.0, 0.5)
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    # A larger embedding than transformers' init: larger logits, peaked, model-like distributions.
+    model, tokenizer = tiny_llama3(hidden=128, intermediate=256, layers=2, heads=2, kv_heads=1, seed=0, embed_std=0.5)
+    return save_model_folder(model, tokenizer, path)
 
 
 def prompts() -> list[str]:
