@@ -69,6 +69,7 @@ from json_engine import (  # noqa: E402 (the path above)
     run_result,
     start_engine,
 )
+from logitgate.models.json_records import UNBOUNDED_SCHEMA  # noqa: E402 (the path above)
 
 TREE_REQUESTS = 32
 
@@ -260,12 +261,6 @@ def tree_spec_benchmark(python: str, rounds: int, repeats: int, drafters: list[s
 
 # ---- served: `vllm serve` with vLLM's defaults, driven by vLLM's own benchmark client ----
 
-UNBOUNDED_SCHEMA = {
-    "type": "object",
-    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"},
-                   "tags": {"type": "array", "items": {"type": "string"}}},
-    "required": ["name", "age", "city", "tags"],
-}
 SERVED_SCHEMAS = {"unbounded": UNBOUNDED_SCHEMA, "bounded": SCHEMA}
 SERVED_MODES = {"greedy": {"temperature": 0.0}, "t1": {"temperature": 1.0}, "t1_seeded": {"temperature": 1.0, "seed": 7}}
 SERVED_PROMPTS, SERVED_CONCURRENCY, SERVED_INPUT_LEN = 128, 64, 32

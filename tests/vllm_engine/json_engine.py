@@ -21,19 +21,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from logitgate.models.json_records import BOUNDED_SCHEMA  # json, math, random: loads no numba
+
 NUM_REQUESTS = 64
 MAX_TOKENS = 96  # a JSON object of this schema took ~37 tokens here
 OPS_WITH_LOGITGATE = "bitmask,sampler,rejection,fill,sample_first"
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "city": {"type": "string", "maxLength": 12},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 2},
-    },
-    "required": ["name", "age", "city", "tags"],
-}
+SCHEMA = BOUNDED_SCHEMA  # strings bounded by maxLength (logitgate.models.json_records)
 # xgrammar without free whitespace between JSON tokens (a random model would otherwise pad with
 # whitespace until max_tokens); the servers of the tests and the benchmark take the same.
 STRUCTURED_OUTPUTS_CONFIG = {"backend": "xgrammar", "disable_any_whitespace": True}
