@@ -3,7 +3,7 @@
     variable                            type             default                      meaning
     LOGITGATE_DEVICE                    device name      best found (cuda, npu, cpu)  the backend used when none is given (cpu, cuda, npu, npu-emulated, npu-emulated-triton)
     LOGITGATE_THREADS                   int >= 1         idle cores (cores - load)    CPU kernel threads (numba, torch)
-    LOGITGATE_CACHE                     path             ~/.cache/logitgate           cache of tokenizer vocabularies and test GGUF models
+    LOGITGATE_CACHE                     path             ~/.cache/logitgate           cache of tokenizer vocabularies, test GGUF models and the json_writer model
     LOGITGATE_XGRAMMAR_CACHE_MB         int MB, -1       512                          bound of xgrammar's compiled-grammar cache (-1: unbounded)
     LOGITGATE_TREE_MAX_BYTES            int >= 1         134217728 (128 MiB)          JSON text of one tree
     LOGITGATE_TREE_MAX_NODES            int >= 1         16777216                     trie nodes of one compiled tree
@@ -57,7 +57,7 @@ VARIABLES: dict[str, Variable] = _declare(
     Variable("LOGITGATE_THREADS", "int >= 1", "idle cores (cores - load)",
              "CPU kernel threads (numba, torch)", "logitgate.backends.cpu.threads"),
     Variable("LOGITGATE_CACHE", "path", "~/.cache/logitgate",
-             "cache of tokenizer vocabularies and test GGUF models", "logitgate.models.real_vocab"),
+             "cache of tokenizer vocabularies, test GGUF models and the json_writer model", "logitgate.models.real_vocab"),
     Variable("LOGITGATE_XGRAMMAR_CACHE_MB", "int MB, -1", "512",
              "bound of xgrammar's compiled-grammar cache (-1: unbounded)", "logitgate.structured.xgrammar_backend"),
     Variable("LOGITGATE_TREE_MAX_BYTES", "int >= 1", "134217728 (128 MiB)",

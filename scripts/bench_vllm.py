@@ -21,8 +21,8 @@ adversarial case; `json_writer`: a tiny Llama trained to write the schemas' reco
 logitgate.models.json_writer) and each structured-outputs backend of `--backends` (xgrammar,
 guidance), servers with and without the plugin alternate (`--rounds` of each); medians of output
 throughput; greedy texts compared across all servers; outputs checked against their schema with
-jsonschema (the client sets `ignore_eos` for its random dataset: every request generates 96
-tokens); each case's logitgate counters (/metrics) recorded; the best of vLLM's backends alone
+jsonschema; requests stop at the end token (the client's `ignore_eos`, which it sets for its random
+dataset, is overridden in the request body), so a schema's end ends the request; each case's logitgate counters (/metrics) recorded; the best of vLLM's backends alone
 compared with the best with logitgate.
 
 In-process (`--only json`): vLLM's offline `LLM` with the engine core and worker in the calling
@@ -329,12 +329,15 @@ def stop_server(server: subprocess.Popen) -> None:
 
 def bench_client(path: Path | str, port: int, schema: dict | None, sampling: dict, prompts_n: int = SERVED_PROMPTS) -> dict:
     """vLLM's benchmark client (`vllm bench serve`: vllm.benchmarks.serve.main, called directly):
-    random 32-token prompts, 96 output tokens, `prompts_n` requests at concurrency 64."""
+    random 32-token prompts, at most 96 output tokens (to the end token), `prompts_n` requests at
+    concurrency 64."""
     from vllm.benchmarks.serve import add_cli_args
     from vllm.benchmarks.serve import main as serve_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    extra = {key: value for key, value in sampling.items() if key != "temperature"}
+    # The client sets ignore_eos for its random dataset; a request here stops at its end token, as
+    # users' requests do (the body's value wins): a finished schema ends the request, not 60 free tokens.
+    extra = {"ignore_eos": False, **{key: value for key, value in sampling.items() if key != "temperature"}}
     if schema is not None:
         extra["structured_outputs"] = {"json": schema}
     parser = FlexibleArgumentParser()
@@ -435,7 +438,8 @@ def served_server_run(python: str, path: Path, with_logitgate: bool, port: int, 
             out["logitgate_counts"] = {k: round(v - counted.get(k, 0.0), 3) for k, v in logitgate_counts(after).items()
                                        if v - counted.get(k, 0.0)}
             texts = out.pop("generated_texts")
-            out.pop("output_lens", None)  # 96 each: the client sets ignore_eos for its random dataset
+            lens = out.pop("output_lens", None) or []
+            out["mean_output_len"] = round(sum(lens) / len(lens), 1) if lens else None
             out["valid"] = sum(_schema_valid(t, schema) for t in texts) if schema else None
             out["errors"] = [e for e in out.pop("errors") if e][:3]
             if mode == "greedy":

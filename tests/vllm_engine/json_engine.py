@@ -3,9 +3,10 @@ scripts/bench_vllm.py (which imports this file from tests/vllm_engine, as it doe
 the benchmark's model, schema, prompts and engine, and the scenarios the tests run.
 
 `python json_engine.py check|check-default MODEL_DIR` runs `check` (the in-process engine, or
-vLLM's default layout with the worker in a process of its own) and `python json_engine.py
-demo-json` runs `demo_json`; each prints one JSON line prefixed with RESULT. Engines run in a
-process of their own because vLLM-CPU's worker must start before anything loads numba, and
+vLLM's default layout with the worker in a process of its own), `python json_engine.py
+demo-json` runs `demo_json` and `python json_engine.py json-writer MODEL_DIR` runs
+`json_writer_outputs`; each prints one JSON line prefixed with RESULT. Engines run in a process
+of their own because vLLM-CPU's worker must start before anything loads numba, and
 `VLLM_PLUGINS=` must exclude the plugin from the whole engine (`engine_env`).
 
 The model: a random 2-layer Llama (hidden 128, head dim 64) with the real Llama-3 tokenizer
@@ -20,19 +21,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from logitgate.models.json_records import BOUNDED_SCHEMA  # json, math, random: loads no numba
+
 NUM_REQUESTS = 64
 MAX_TOKENS = 96  # a JSON object of this schema took ~37 tokens here
 OPS_WITH_LOGITGATE = "bitmask,sampler,rejection,fill,sample_first"
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "city": {"type": "string", "maxLength": 12},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 2},
-    },
-    "required": ["name", "age", "city", "tags"],
-}
+SCHEMA = BOUNDED_SCHEMA  # strings bounded by maxLength (logitgate.models.json_records)
 # xgrammar without free whitespace between JSON tokens (a random model would otherwise pad with
 # whitespace until max_tokens); the servers of the tests and the benchmark take the same.
 STRUCTURED_OUTPUTS_CONFIG = {"backend": "xgrammar", "disable_any_whitespace": True}
@@ -48,25 +42,11 @@ def build_model(path: Path) -> Path:
     """A random 2-layer Llama with Llama-3's tokenizer saved next to it (fixed seed)."""
     if (path / "config.json").exists() and (path / "tokenizer.json").exists():
         return path
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from logitgate.models.tiny_llama3 import save_model_folder, tiny_llama3
 
-    from logitgate.models.real_vocab import load_tokenizer
-
-    tokenizer = load_tokenizer("llama3")
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-    )
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # larger logits than the default init: peaked, model-like distributions
-        model.model.embed_tokens.weight.normal_(0.0, 0.5)
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    # A larger embedding than transformers' init: larger logits, peaked, model-like distributions.
+    model, tokenizer = tiny_llama3(hidden=128, intermediate=256, layers=2, heads=2, kv_heads=1, seed=0, embed_std=0.5)
+    return save_model_folder(model, tokenizer, path)
 
 
 def prompts() -> list[str]:
@@ -212,6 +192,25 @@ def demo_json() -> dict:
             "finish": [o.outputs[0].finish_reason for o in outputs]}
 
 
+# ---- the json_writer model (logitgate.models.json_writer): a model that writes the records ----
+
+
+def json_writer_outputs(path: str) -> dict:
+    """On the json_writer model, 8 prompts like the served benchmark's, both served schemas, greedy
+    and T = 1: per case the (text, finish reason) of each request."""
+    from logitgate.models.json_records import SCHEMAS
+    from logitgate.models.random_prompts import random_prompts
+
+    llm = start_engine(path, max_num_seqs=8)
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(llm.get_tokenizer(), 8, seed=1)]
+    out = {}
+    for name, schema in SCHEMAS.items():
+        for mode, temperature in (("greedy", 0.0), ("t1", 1.0)):
+            done = llm.generate(prompts, json_params(temperature, schema=schema), use_tqdm=False)
+            out[f"{name}_{mode}"] = [[o.outputs[0].text, o.outputs[0].finish_reason] for o in done]
+    return out
+
+
 # ---- running a scenario in a process of its own ----
 
 
@@ -238,8 +237,8 @@ def run_result(cmd: list[str], env: dict[str, str], what: str) -> tuple[dict, st
 
 
 def run_scenario(scenario: str, with_logitgate: bool, *args: str, env_overrides: dict[str, str] | None = None) -> dict:
-    """One scenario of this file (`check`, `check-default`, `demo-json`) in a fresh process; with
-    `logitgate_log`: what the engine's processes (across processes too) logged about logitgate."""
+    """One scenario of this file (`check`, `check-default`, `demo-json`, `json-writer`) in a fresh
+    process; with `logitgate_log`: what the engine's processes (across processes too) logged about logitgate."""
     cmd = [sys.executable, str(Path(__file__).resolve()), scenario, *args]
     result, output = run_result(cmd, engine_env(with_logitgate, env_overrides), f"engine scenario {scenario}")
     result["logitgate_log"] = [line for line in output.splitlines() if "logitgate" in line]
@@ -252,6 +251,8 @@ if __name__ == "__main__":
         out = check(sys.argv[2], in_process=name == "check")
     elif name == "demo-json":
         out = demo_json()
+    elif name == "json-writer":
+        out = json_writer_outputs(sys.argv[2])
     else:
-        raise SystemExit(f"unknown scenario {name!r}; expected check, check-default or demo-json")
+        raise SystemExit(f"unknown scenario {name!r}; expected check, check-default, demo-json or json-writer")
     print("RESULT " + json.dumps(out), flush=True)
