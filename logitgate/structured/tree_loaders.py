@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -51,6 +51,31 @@ class SequenceSpec:
     token_ids: np.ndarray
     offsets: np.ndarray
     names: list[str] | None = None
+
+
+class TreeSize(NamedTuple):
+    """What the operator's node and depth limits (LOGITGATE_TREE_MAX_NODES, _DEPTH) count in a tree,
+    from its parsed form, before its trie is built. The vLLM front end's admission and the compile
+    count with the same functions (`sequences_size`, `prefix_dict_size`), so a tree admitted is a
+    tree that compiles, whatever its size."""
+
+    nodes: int  # the root included; at least the compiled tree's nodes
+    depth: int  # tokens along the longest sequence / key (after a prefix dict's start token)
+
+
+def sequences_size(lengths: np.ndarray) -> TreeSize:
+    """Token sequences of these lengths: the root and a node per token as written (the trie before
+    shared prefixes merge, which is what building it allocates), and the longest sequence."""
+    lengths = np.asarray(lengths, np.int64)
+    return TreeSize(1 + int(lengths.sum()), int(lengths.max()) if lengths.size else 0)
+
+
+def prefix_dict_size(spec: PrefixDictSpec) -> TreeSize:
+    """A prefix dict: the root (the start token's key) and a node per longer key (a node exists only
+    where its key does, so a tree whose keys are all reachable has exactly this many), and the most
+    tokens after the start token in a key, unreachable keys included."""
+    tokens = np.diff(spec.part_offsets) - 1  # every key has at least one part
+    return TreeSize(1 + int(np.count_nonzero(tokens)), int(tokens.max()) if tokens.size else 0)
 
 
 @dataclass(frozen=True)

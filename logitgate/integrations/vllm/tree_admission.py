@@ -5,9 +5,9 @@ keeps no compiled tree (the engine compiles it, once), and the cost is one linea
 
 The limits are the operator's tree limits (logitgate/tree_limits.py: LOGITGATE_TREE_MAX_BYTES,
 _NODES, _DEPTH), the same that bound every tree the library builds; beyond one, TreeTooLarge (a
-ValueError: HTTP 400) names the value, the limit and the variable. The node count checked here is
-the token ids as written (a prefix dict's key parts and candidates, a trie's leaf tokens), which
-bounds the compiled tree's nodes, so a tree admitted here never fails the engine's own check.
+ValueError: HTTP 400) names the value, the limit and the variable. Bytes are measured by the same
+reader and nodes and depth counted by the same functions (tree_loaders.TreeSize) as in the engine's
+compile, so a tree admitted here never fails the engine's own checks.
 
 `admit(request, vocab_size, eos_token_id)` -> `TreeShape` or ValueError naming the problem.
 """
@@ -29,7 +29,7 @@ class TreeShape(NamedTuple):
 
     start_token_id: int | None  # a prefix dict's; None for a trie
     end_token_id: int
-    nodes: int
+    nodes: int  # as the operator's limits count them (tree_loaders.TreeSize)
     depth: int
 
 
@@ -48,26 +48,28 @@ _ADMITTED = None
 def _shape(kind: str, obj: Any, request: Any, end: int | None, vocab_size: int, limits: TreeLimits) -> TreeShape:
     import numpy as np
 
-    from ...structured.tree_loaders import parse_prefix_dict, parse_sequences, parse_token_trie
+    from ...structured.tree_loaders import (
+        parse_prefix_dict,
+        parse_sequences,
+        parse_token_trie,
+        prefix_dict_size,
+        sequences_size,
+    )
 
     if kind == "tree_decode":
         spec = parse_prefix_dict(obj, vocab_size)
-        parts = np.diff(spec.part_offsets)
-        shape = TreeShape(spec.start_token_id, spec.end_token_id, int(spec.part_ids.size + spec.cand_ids.size),
-                          int(parts.max()) if parts.size else 0)
-        what = ("the prefix dict (key parts and candidates)", "the prefix dict (longest key)")
-    else:
-        trie = parse_token_trie(obj, path=request.path, model_id=request.model_id)
-        lengths = [len(seq) if isinstance(seq, (list, tuple)) else 0 for seq in trie.sequences]
-        shape = TreeShape(None, end, sum(lengths), max(lengths, default=0))
-        what = ("the token trie (leaf tokens)", "the token trie (longest leaf)")
-    # A trie is checked here, before its tokens are flattened and checked one by one.
-    limits.check_nodes(shape.nodes, what[0])
-    limits.check_depth(shape.depth, what[1])
-    if kind != "tree_decode":
-        parse_sequences(trie.sequences, end, vocab_size, trie.names,
-                        what=f"token trie payload (model {trie.model_id!r}, path {trie.path!r})")
-    return shape
+        size = prefix_dict_size(spec)  # as the compile counts it (TreeDFA.from_prefix_dict)
+        limits.check_size(size, "prefix dict")
+        return TreeShape(spec.start_token_id, spec.end_token_id, *size)
+    trie = parse_token_trie(obj, path=request.path, model_id=request.model_id)
+    lengths = np.fromiter((len(seq) if isinstance(seq, (list, tuple)) else 0 for seq in trie.sequences),
+                          np.int64, len(trie.sequences))
+    size = sequences_size(lengths)  # as the compile counts it (TreeDFA.from_token_trie)
+    # Checked before the tokens are flattened and checked one by one.
+    limits.check_size(size, "token trie")
+    parse_sequences(trie.sequences, end, vocab_size, trie.names,
+                    what=f"token trie payload (model {trie.model_id!r}, path {trie.path!r})")
+    return TreeShape(None, end, *size)
 
 
 def admit(request: Any, vocab_size: int, eos_token_id: int | None, limits: TreeLimits | None = None) -> TreeShape:
