@@ -22,6 +22,7 @@ Import-light (the standard library only): vLLM's plugin and front end may import
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -109,6 +110,19 @@ class TreeLimits:
     def check_depth(self, depth: int, what: str = "tree") -> None:
         if depth > self.max_depth:
             raise TreeTooLarge("depth", depth, self.max_depth, ENV_MAX_DEPTH, what)
+
+    def read_file(self, path: str | os.PathLike, what: str = "tree") -> bytes:
+        """The file's bytes, read no further than one byte past max_bytes (a huge or endless file
+        stops there): TreeTooLarge beyond it; OSError as opening or reading raise it."""
+        with open(path, "rb") as f:
+            raw = f.read(self.max_bytes + 1)
+        if len(raw) > self.max_bytes:
+            try:
+                size = max(os.stat(path).st_size, len(raw))
+            except OSError:
+                size = len(raw)
+            raise TreeTooLarge("bytes", size, self.max_bytes, ENV_MAX_BYTES, what)
+        return raw
 
     def check_size(self, size: tuple[int, int], what: str = "tree") -> None:
         """A tree's (nodes, depth) as counted before its trie is built (tree_loaders.TreeSize):

@@ -97,8 +97,9 @@ def catalog_prefix_dict(names: Iterable[str]) -> dict[str, Any]:
 
 
 def load_tree_config(path: str | Path = TREE_PATH) -> dict[str, Any]:
-    """The shipped prefix-dict config (`start_token_id`, `end_token_id`, `sep`, `prefix_dict`)."""
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+    """The shipped prefix-dict config (`start_token_id`, `end_token_id`, `sep`, `prefix_dict`), or
+    the one at `path` (UTF-8, with or without a byte-order mark: JSON reads bytes either way)."""
+    return json.loads(Path(path).read_bytes())
 
 
 def load_demo_model(

@@ -17,7 +17,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..checks import short_repr
-from ..tree_limits import ENV_MAX_BYTES, TreeLimits, TreeTooLarge
+from ..json_text import is_json_text
+from ..tree_limits import TreeLimits
 
 INT32_MAX = 2**31 - 1
 DEFAULT_SEP = "_"
@@ -102,7 +103,7 @@ def read_json_source(source: Any, what: str, limits: TreeLimits | None = None) -
         return source, None, what
     if isinstance(source, (bytes, bytearray)):
         raw = bytes(source)
-    elif isinstance(source, str) and source.lstrip()[:1] in ("{", "["):
+    elif isinstance(source, str) and is_json_text(source):  # JSON reads a byte-order mark in bytes
         if max_bytes is not None and len(source) > max_bytes:  # a char is at least a byte: skip the encode
             limits.check_bytes(len(source), what)
         raw = source.encode("utf-8", "surrogatepass")
@@ -110,26 +111,16 @@ def read_json_source(source: Any, what: str, limits: TreeLimits | None = None) -
         path = Path(source)
         what = f"{what} file {str(path)!r}"
         try:
-            with path.open("rb") as f:  # at most one byte past the limit: a huge or endless file stops there
-                raw = f.read() if max_bytes is None else f.read(max_bytes + 1)
+            raw = path.read_bytes() if limits is None else limits.read_file(path, what)
         except FileNotFoundError:
             raise ValueError(f"{what} does not exist") from None
         except OSError as exc:
             raise ValueError(f"{what} cannot be read: {exc}") from None
-        if max_bytes is not None and len(raw) > max_bytes:
-            raise TreeTooLarge("bytes", _file_size(path, len(raw)), max_bytes, ENV_MAX_BYTES, what)
     else:
         raise ValueError(f"{what} must be a dict, a JSON string or a path, got {type(source).__name__}")
     if limits is not None:
         limits.check_bytes(len(raw), what)
     return None, raw, what
-
-
-def _file_size(path: Path, at_least: int) -> int:
-    try:
-        return max(path.stat().st_size, at_least)
-    except OSError:
-        return at_least
 
 
 def parse_json_bytes(raw: bytes, where: str) -> Any:
