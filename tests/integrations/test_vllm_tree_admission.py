@@ -135,3 +135,102 @@ def test_a_trie_of_exactly_max_nodes_leaf_tokens_is_refused_at_admission(monkeyp
     monkeypatch.setenv("LOGITGATE_TREE_MAX_NODES", "11")
     admitted, compiled = _both_sides("token_trie", text)
     assert admitted.nodes == 11 and compiled.stats()["nodes"] == 11
+
+
+# ---- admission off the event loop (issue 30, item 6) -------------------------------------------
+
+
+def large_trie(leaves: int = 4000, bad_token: int | None = None) -> str:
+    """A token trie's text above INLINE_MAX_BYTES (parsed in the admission process)."""
+    rows = [{"name": f"leaf{i}", "tokens": [4 + (i + j) % 50 for j in range(6)]} for i in range(leaves)]
+    if bad_token is not None:
+        rows[-1]["tokens"][-1] = bad_token
+    return json.dumps({"modelId": "m", "descriptors": [{"path": "p", "leaves": rows}]})
+
+
+def test_a_large_tree_is_parsed_in_the_admission_process(monkeypatch):
+    """Above INLINE_MAX_BYTES the parse runs in the admission process, never in this one, with the
+    outcome a parse here would give: the shape, or the same message for a bad tree."""
+    from logitgate.integrations.vllm import tree_admission
+
+    text, bad = large_trie(), large_trie(bad_token=V)
+    assert len(text) > tree_admission.INLINE_MAX_BYTES
+    expected = admit(request(token_trie=text, end_token_id=3), V, None)
+    with pytest.raises(ValueError) as inline:
+        admit(request(token_trie=bad, end_token_id=3), V, None)
+    tree_admission._admitted_cache().clear()
+    monkeypatch.setattr(tree_admission, "_shape", lambda *args: pytest.fail("parsed in the front end's process"))
+    assert admit(request(token_trie=text, end_token_id=3), V, None) == expected == (None, 3, 1 + 4000 * 6, 6)
+    with pytest.raises(ValueError) as child:
+        admit(request(token_trie=bad, end_token_id=3), V, None)
+    assert str(child.value) == str(inline.value) and f"token {V} at position 5 is >= vocab_size {V}" in str(child.value)
+
+
+def test_an_admission_process_that_ends_fails_that_parse_alone(tmp_path):
+    """Killed mid-parse (here while it waits on a FIFO): that parse is a ValueError saying so; the
+    next one starts a new process."""
+    import os
+    import threading
+    import time
+    from pathlib import Path
+
+    from logitgate.integrations.vllm import tree_admission_process
+    from logitgate.integrations.vllm.tree_admission import Job
+    from logitgate.tree_limits import TreeLimits
+
+    fifo = tmp_path / "never-written"
+    os.mkfifo(fifo)
+    job = Job("token_trie", Path(fifo), None, None, 3, V, TreeLimits())
+    outcome = []
+    waiting = threading.Thread(target=lambda: outcome.append(pytest.raises(ValueError, tree_admission_process.parse_in_process, job)))
+    waiting.start()
+    for _ in range(600):  # the process starts (it imports logitgate's loaders) and opens the FIFO
+        child = tree_admission_process._process._child
+        if child is not None and any(os.path.realpath(f"/proc/{child.pid}/fd/{fd}") == str(fifo)
+                                     for fd in os.listdir(f"/proc/{child.pid}/fd")):
+            break
+        time.sleep(0.1)
+    child.kill()
+    waiting.join(30)
+    assert "logitgate's tree admission process ended (exit status -9)" in str(outcome[0].value)
+    text = large_trie(leaves=3000)
+    assert tree_admission_process.parse_in_process(Job("token_trie", text.encode(), None, None, 3, V, TreeLimits())).nodes == 1 + 3000 * 6
+
+
+def test_admission_ahead_is_handed_to_process_inputs():
+    """`admission` (awaited before vLLM's process_inputs) admits on a worker thread; within
+    `handed_over`, process_inputs' own `admit` of the same tree returns that outcome, errors
+    included, and parses anew only for another tree, end token, vocabulary or limits."""
+    import asyncio
+    import threading
+
+    from logitgate.integrations.vllm import tree_admission
+
+    parsed_on = []
+    real = tree_admission._admit
+
+    def counting(*args):
+        parsed_on.append(threading.current_thread() is threading.main_thread())
+        return real(*args)
+
+    good, bad = request(tree_decode=json.dumps(CONFIG)), request(tree_decode=json.dumps({**CONFIG, "prefix_dict": {"40": [V]}}))
+
+    async def scenario():
+        ready = await tree_admission.admission(good, V, None)
+        refused = await tree_admission.admission(bad, V, None)
+        with tree_admission.handed_over(ready):
+            assert admit(good, V, None) == ready.shape == (40, 2, 3, 2)
+            admit(request(tree_decode=json.dumps(CONFIG) + " "), V, None)  # another text: parsed here
+        with tree_admission.handed_over(refused):
+            with pytest.raises(ValueError) as err:
+                admit(bad, V, None)
+            assert err.value is refused.error and str(err.value).startswith("extra_args['tree_decode']: prefix_dict key")
+        assert await tree_admission.admission(request(token_trie=json.dumps(TRIE)), V, None) is None  # no end token
+
+    tree_admission._admitted_cache().clear()
+    import pytest as _pytest
+
+    with _pytest.MonkeyPatch.context() as m:
+        m.setattr(tree_admission, "_admit", counting)
+        asyncio.run(scenario())
+    assert parsed_on == [False, False, True], parsed_on  # the two ahead on worker threads, the other text here
