@@ -6,7 +6,7 @@
     LOGITGATE_CACHE                     path             ~/.cache/logitgate           cache of tokenizer vocabularies, test GGUF models and the json_writer model
     LOGITGATE_XGRAMMAR_CACHE_MB         int MB, -1       512                          bound of xgrammar's compiled-grammar cache (-1: unbounded)
     LOGITGATE_TREE_MAX_BYTES            int >= 1         134217728 (128 MiB)          JSON text of one tree
-    LOGITGATE_TREE_MAX_NODES            int >= 1         16777216                     trie nodes of one compiled tree
+    LOGITGATE_TREE_MAX_NODES            int >= 1         16777216                     nodes of one tree: the root, and a node per token of a sequence or per key of a prefix dict
     LOGITGATE_TREE_MAX_DEPTH            int >= 1         65536                        tokens along one path of a tree
     LOGITGATE_TREE_CACHE_BYTES          int >= 0         268435456 (256 MiB)          bytes of compiled trees kept for reuse (0: none)
     LOGITGATE_TREE_SPARSE_MAX_FRACTION  float [0, 1]     0.5                          rows allowing more of the vocabulary are sampled densely
@@ -63,7 +63,7 @@ VARIABLES: dict[str, Variable] = _declare(
     Variable("LOGITGATE_TREE_MAX_BYTES", "int >= 1", "134217728 (128 MiB)",
              "JSON text of one tree", "logitgate.tree_limits"),
     Variable("LOGITGATE_TREE_MAX_NODES", "int >= 1", "16777216",
-             "trie nodes of one compiled tree", "logitgate.tree_limits"),
+             "nodes of one tree: the root, and a node per token of a sequence or per key of a prefix dict", "logitgate.tree_limits"),
     Variable("LOGITGATE_TREE_MAX_DEPTH", "int >= 1", "65536",
              "tokens along one path of a tree", "logitgate.tree_limits"),
     Variable("LOGITGATE_TREE_CACHE_BYTES", "int >= 0", "268435456 (256 MiB)",

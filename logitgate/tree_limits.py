@@ -2,12 +2,14 @@
 
 A tree comes from a client (a vLLM request) as often as from a file, so its size is the operator's
 policy. Each limit is checked before the work it protects: the JSON text's size before parsing,
-the depth (longest sequence / key) before the trie is built, the node count before the compiled
-arrays and dense bitmask rows are made. Beyond a limit, `TreeTooLarge` (a ValueError: an HTTP 400
+the node count and the depth (longest sequence / key) before the trie is built. Nodes are counted
+from the parsed tree (tree_loaders.TreeSize: the root and a node per token of a sequence, or per
+key of a prefix dict), never fewer than the compiled tree has, the same way wherever a tree is
+checked (the vLLM front end and the compile). Beyond a limit, `TreeTooLarge` (a ValueError: an HTTP 400
 in the vLLM plugin) names the limit, the value and the variable that sets it.
 
     LOGITGATE_TREE_MAX_BYTES    JSON text of one tree (file, str or bytes)   default 128 MiB
-    LOGITGATE_TREE_MAX_NODES    trie nodes of one compiled tree               default 16777216
+    LOGITGATE_TREE_MAX_NODES    trie nodes of one tree (root included)        default 16777216
     LOGITGATE_TREE_MAX_DEPTH    tokens along one path (sequence, key)         default 65536
     LOGITGATE_TREE_CACHE_BYTES  bytes of compiled trees kept for reuse        default 256 MiB
                                 per process (host and device arrays, dense bitmask rows included)
@@ -20,6 +22,7 @@ Import-light (the standard library only): vLLM's plugin and front end may import
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -107,6 +110,26 @@ class TreeLimits:
     def check_depth(self, depth: int, what: str = "tree") -> None:
         if depth > self.max_depth:
             raise TreeTooLarge("depth", depth, self.max_depth, ENV_MAX_DEPTH, what)
+
+    def read_file(self, path: str | os.PathLike, what: str = "tree") -> bytes:
+        """The file's bytes, read no further than one byte past max_bytes (a huge or endless file
+        stops there): TreeTooLarge beyond it; OSError as opening or reading raise it."""
+        with open(path, "rb") as f:
+            raw = f.read(self.max_bytes + 1)
+        if len(raw) > self.max_bytes:
+            try:
+                size = max(os.stat(path).st_size, len(raw))
+            except OSError:
+                size = len(raw)
+            raise TreeTooLarge("bytes", size, self.max_bytes, ENV_MAX_BYTES, what)
+        return raw
+
+    def check_size(self, size: tuple[int, int], what: str = "tree") -> None:
+        """A tree's (nodes, depth) as counted before its trie is built (tree_loaders.TreeSize):
+        the node limit, then the depth limit."""
+        nodes, depth = size
+        self.check_nodes(nodes, what)
+        self.check_depth(depth, what)
 
 
 def cache_bytes_from_env(environ: Mapping[str, str] | None = None) -> int:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .bench_harness import NOISY_SPREAD, impl_label
+from .output_paths import make_output_folder
 
 SCRIPTS_DIR = Path(__file__).resolve().parents[2] / "scripts"
 SPEEDUP_KEY = re.compile(r"(^|_)speedup(_|$)")  # speedup_vs_x, dense_speedup_vs_x: x's time / logitgate's
@@ -119,8 +120,7 @@ def _forward_progress(proc: subprocess.Popen, prefix: str) -> list[str]:
 
 def run(out: str, only: list[str] | None = None, quick: bool = False, device: str | None = None) -> dict:
     scripts = discover(only)
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = make_output_folder(out)
     env = child_env(device)
     summary: dict[str, dict] = {}
     started = time.perf_counter()
@@ -200,7 +200,7 @@ def run_gpu_check(out: str | None, quick: bool, device: str | None) -> int:
         raise ValueError(f"no {script}; --gpu runs from a source checkout")
     cmd = [sys.executable, str(script)]
     if out:
-        cmd += ["--out", out]
+        cmd += ["--out", str(make_output_folder(out))]  # the script writes its results there
     if quick:
         cmd.append("--quick")
     if device:

@@ -7,7 +7,8 @@ token sequences (needs --end-token-id). Exit status: 0 valid, 1 validation error
 
 `logitgate tree build STRINGS --tokenizer DIR|NAME --start-token-id N [--end-token-id N] [--out FILE]`:
 the prefix-dict config (a file for LOGITGATE_TREE_DIR) whose tree allows exactly the strings of
-STRINGS (one a line), tokenized as `TreeDFA.from_strings` does. Exit status 0, or 2 for bad input.
+STRINGS (one a line: `load_catalog`), tokenized as `TreeDFA.from_strings` does. Exit status 0, or 2
+for bad input (a file that cannot be read, an --out that cannot be written, checked first).
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def register(subparsers: Any) -> None:
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     inspect.set_defaults(func=cmd_inspect)
     build = tree_sub.add_parser("build", help="strings (one a line) + a tokenizer -> a prefix-dict JSON")
-    build.add_argument("strings", help="text file, one allowed string a line (blank lines ignored)")
+    build.add_argument("strings", help="UTF-8 text file, one allowed string a line: lines end at \\n or \\r\\n only, "
+                       "blank lines are ignored, a byte-order mark is dropped")
     build.add_argument("--tokenizer", required=True, metavar="DIR|NAME",
                        help="a local Hugging Face tokenizer directory (nothing is downloaded) or a real vocabulary "
                        "name of logitgate.models.real_vocab (llama3, qwen2, llama2, gpt2, phi3, deepseek-coder)")
@@ -82,13 +84,16 @@ def inspect_file(
 def cmd_build(args: argparse.Namespace) -> int:
     import sys
 
+    from .output_paths import check_output_file, write_output_file
+
+    if args.out is not None:  # before the strings are tokenized
+        check_output_file(args.out)
     config, stats = build_prefix_dict_file(args.strings, args.tokenizer, args.start_token_id, args.end_token_id)
     text = json.dumps(config, separators=(",", ":"))
     if args.out is None:
         print(text)
     else:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+        write_output_file(args.out, text + "\n")
     print(f"{len(config['prefix_dict'])} keys, {stats['nodes']} nodes, depth {stats['max_depth']}; "
           f"start {config['start_token_id']}, end {config['end_token_id']}", file=sys.stderr)
     return 0
@@ -103,7 +108,10 @@ def load_tokenizer_arg(spec: str) -> Any:
     if Path(spec).is_dir():
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(spec, local_files_only=True)
+        try:
+            return AutoTokenizer.from_pretrained(spec, local_files_only=True)
+        except (OSError, ValueError) as exc:  # no tokenizer files there, or files transformers cannot read
+            raise ValueError(f"--tokenizer {spec!r} is not a loadable Hugging Face tokenizer directory: {exc}") from None
     if spec in VOCABS:
         return load_tokenizer(spec)
     raise ValueError(f"--tokenizer {spec!r} is neither a directory nor one of {', '.join(sorted(VOCABS))}")

@@ -52,9 +52,14 @@ def demo_prompt(hint: str = "") -> list[int]:
 
 
 def load_catalog(path: str | Path = CATALOG_PATH) -> list[str]:
-    """The catalog's names, in file order (one a line, blank lines ignored)."""
-    text = Path(path).read_text(encoding="utf-8")
-    return [line for line in text.splitlines() if line.strip()]
+    """The catalog's names, in file order: one a line, blank lines ignored. A line ends at "\n" or
+    "\r\n" only (every other character, U+2028 or a lone "\r" included, is part of its name, where
+    `str.splitlines` would break), and a UTF-8 byte-order mark (Notepad, PowerShell) is not part of
+    the first name."""
+    with open(path, encoding="utf-8-sig", newline="") as f:  # newline="": no line-ending translation
+        text = f.read()
+    lines = (line[:-1] if line.endswith("\r") else line for line in text.split("\n"))
+    return [line for line in lines if line.strip()]
 
 
 def build_prefix_dict(
@@ -92,8 +97,9 @@ def catalog_prefix_dict(names: Iterable[str]) -> dict[str, Any]:
 
 
 def load_tree_config(path: str | Path = TREE_PATH) -> dict[str, Any]:
-    """The shipped prefix-dict config (`start_token_id`, `end_token_id`, `sep`, `prefix_dict`)."""
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+    """The shipped prefix-dict config (`start_token_id`, `end_token_id`, `sep`, `prefix_dict`), or
+    the one at `path` (UTF-8, with or without a byte-order mark: JSON reads bytes either way)."""
+    return json.loads(Path(path).read_bytes())
 
 
 def load_demo_model(

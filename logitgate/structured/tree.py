@@ -35,8 +35,10 @@ from .tree_loaders import (
     parse_prefix_dict,
     parse_sequences,
     parse_token_trie,
+    prefix_dict_size,
     quote_key,
     read_json_source,
+    sequences_size,
     tokenize_strings,
 )
 
@@ -77,7 +79,6 @@ class _Options:
         return (self.vocab_size, self.dense_min_width, self.dense_budget_bytes, backend_key)
 
     def compile(self, graph: TreeGraph, end_token_id: int) -> CompiledTree:
-        self.limits.check_nodes(graph.num_nodes)  # before the compiled arrays and dense rows
         return compile_graph(graph, end_token_id, self.vocab_size, self.dense_min_width, self.dense_budget_bytes)
 
 
@@ -167,8 +168,7 @@ class TreeDFA:
         obj, raw, where = read_json_source(config, "prefix dict config", opts.limits)
 
         def build(spec: PrefixDictSpec) -> TreeDFA:
-            if len(spec.keys):  # a key's depth is its parts after the start token
-                opts.limits.check_depth(int(np.diff(spec.part_offsets).max()) - 1, "prefix dict")
+            opts.limits.check_size(prefix_dict_size(spec), "prefix dict")  # before the trie is built
             graph = prefix_dict_graph(spec)
             if graph.info["unreachable_keys"]:
                 logger.warning(
@@ -258,8 +258,7 @@ class TreeDFA:
     @classmethod
     def _from_spec(cls, spec: SequenceSpec, kind: str, end_token_id: int, opts: _Options, cache: bool) -> TreeDFA:
         end = int(end_token_id)
-        if len(spec.offsets) > 1:
-            opts.limits.check_depth(int(np.diff(spec.offsets).max()), kind.replace("_", " "))
+        opts.limits.check_size(sequences_size(np.diff(spec.offsets)), kind.replace("_", " "))  # before the trie
         key = (kind, content_hash(spec.token_ids, spec.offsets, end), opts.key())
 
         def build() -> TreeDFA:

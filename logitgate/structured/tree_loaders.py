@@ -12,12 +12,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..checks import short_repr
-from ..tree_limits import ENV_MAX_BYTES, TreeLimits, TreeTooLarge
+from ..json_text import is_json_text
+from ..tree_limits import TreeLimits
 
 INT32_MAX = 2**31 - 1
 DEFAULT_SEP = "_"
@@ -53,6 +54,31 @@ class SequenceSpec:
     names: list[str] | None = None
 
 
+class TreeSize(NamedTuple):
+    """What the operator's node and depth limits (LOGITGATE_TREE_MAX_NODES, _DEPTH) count in a tree,
+    from its parsed form, before its trie is built. The vLLM front end's admission and the compile
+    count with the same functions (`sequences_size`, `prefix_dict_size`), so a tree admitted is a
+    tree that compiles, whatever its size."""
+
+    nodes: int  # the root included; at least the compiled tree's nodes
+    depth: int  # tokens along the longest sequence / key (after a prefix dict's start token)
+
+
+def sequences_size(lengths: np.ndarray) -> TreeSize:
+    """Token sequences of these lengths: the root and a node per token as written (the trie before
+    shared prefixes merge, which is what building it allocates), and the longest sequence."""
+    lengths = np.asarray(lengths, np.int64)
+    return TreeSize(1 + int(lengths.sum()), int(lengths.max()) if lengths.size else 0)
+
+
+def prefix_dict_size(spec: PrefixDictSpec) -> TreeSize:
+    """A prefix dict: the root (the start token's key) and a node per longer key (a node exists only
+    where its key does, so a tree whose keys are all reachable has exactly this many), and the most
+    tokens after the start token in a key, unreachable keys included."""
+    tokens = np.diff(spec.part_offsets) - 1  # every key has at least one part
+    return TreeSize(1 + int(np.count_nonzero(tokens)), int(tokens.max()) if tokens.size else 0)
+
+
 @dataclass(frozen=True)
 class TokenTriePayload:
     """The chosen descriptor of a TokenTreePayload."""
@@ -77,7 +103,7 @@ def read_json_source(source: Any, what: str, limits: TreeLimits | None = None) -
         return source, None, what
     if isinstance(source, (bytes, bytearray)):
         raw = bytes(source)
-    elif isinstance(source, str) and source.lstrip()[:1] in ("{", "["):
+    elif isinstance(source, str) and is_json_text(source):  # JSON reads a byte-order mark in bytes
         if max_bytes is not None and len(source) > max_bytes:  # a char is at least a byte: skip the encode
             limits.check_bytes(len(source), what)
         raw = source.encode("utf-8", "surrogatepass")
@@ -85,26 +111,16 @@ def read_json_source(source: Any, what: str, limits: TreeLimits | None = None) -
         path = Path(source)
         what = f"{what} file {str(path)!r}"
         try:
-            with path.open("rb") as f:  # at most one byte past the limit: a huge or endless file stops there
-                raw = f.read() if max_bytes is None else f.read(max_bytes + 1)
+            raw = path.read_bytes() if limits is None else limits.read_file(path, what)
         except FileNotFoundError:
             raise ValueError(f"{what} does not exist") from None
         except OSError as exc:
             raise ValueError(f"{what} cannot be read: {exc}") from None
-        if max_bytes is not None and len(raw) > max_bytes:
-            raise TreeTooLarge("bytes", _file_size(path, len(raw)), max_bytes, ENV_MAX_BYTES, what)
     else:
         raise ValueError(f"{what} must be a dict, a JSON string or a path, got {type(source).__name__}")
     if limits is not None:
         limits.check_bytes(len(raw), what)
     return None, raw, what
-
-
-def _file_size(path: Path, at_least: int) -> int:
-    try:
-        return max(path.stat().st_size, at_least)
-    except OSError:
-        return at_least
 
 
 def parse_json_bytes(raw: bytes, where: str) -> Any:

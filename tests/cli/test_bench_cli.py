@@ -125,3 +125,16 @@ def test_bench_runs_a_script_forwards_progress_and_writes_tables(tmp_path, monke
     assert "[fake] step 1/1: the case" in capsys.readouterr().err
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["fake"]["cases"]
     assert "| c | logitgate 1 | vs base 2.00 |" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_out_that_cannot_be_a_folder_is_exit_status_2(tmp_path, capsys):
+    """`bench --out` under a file (or on one): exit status 2 naming the path, before any benchmark
+    runs; the same for `bench --gpu --out`, before the GPU check starts."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for argv in (["bench", "--only", "tree"], ["bench", "--gpu"]):
+        for out in (blocker, blocker / "results"):
+            assert main([*argv, "--out", str(out)]) == 2
+            err = capsys.readouterr().err
+            assert f"--out {str(out)!r} cannot be written: a file is in the way" in err, err
+    assert blocker.read_text() == "x"

@@ -170,3 +170,78 @@ def test_build_errors_name_the_problem(tmp_path, capsys):
     for argv, message in cases:
         assert main(["tree", "build", *argv]) == 2, argv
         assert message in capsys.readouterr().err, argv
+
+
+def _built_strings(config: dict, tokenizer) -> set[str]:
+    """Every string the built tree allows: its complete paths, decoded."""
+    from logitgate import TreeDFA
+
+    tree = TreeDFA.from_prefix_dict(config, vocab_size=len(tokenizer))
+    found, stack = set(), [(tree.root, [])]
+    while stack:
+        state, tokens = stack.pop()
+        for token in tree.allowed(state):
+            if token == tree.end_token_id:
+                found.add(tokenizer.decode(tokens))
+            else:
+                stack.append((tree.step(state, token), [*tokens, token]))
+    return found
+
+
+# Line breaks of str.splitlines() that are not "\n" or "\r\n": inside a string they are its text.
+UNICODE_BREAKS = ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\r"]
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_build_splits_strings_at_newlines_only(tmp_path, capsys, newline):
+    """One string a line, lines ending at "\\n" or "\\r\\n": every other Unicode line break
+    (what str.splitlines() also breaks at) stays inside its string."""
+    from logitgate.models.demo import TARGET_DIR, demo_hf_tokenizer
+
+    strings = [f"Alpha{brk}Beta" for brk in UNICODE_BREAKS] + ["Gamma"]
+    path = tmp_path / "strings.txt"
+    path.write_bytes((newline.join(strings) + newline + newline).encode("utf-8"))
+    out = tmp_path / "tree.json"
+    argv = ["tree", "build", str(path), "--tokenizer", str(TARGET_DIR), "--start-token-id", "259", "--out", str(out)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert _built_strings(json.loads(out.read_text()), demo_hf_tokenizer()) == set(strings)
+
+
+def test_build_drops_a_utf8_byte_order_mark(tmp_path, capsys):
+    """A file saved by Notepad or PowerShell starts with a UTF-8 BOM: it is no part of the first string."""
+    from logitgate.models.demo import TARGET_DIR, demo_hf_tokenizer
+
+    path = tmp_path / "strings.txt"
+    path.write_bytes(b"\xef\xbb\xbfYes\r\nNo\r\n")
+    out = tmp_path / "tree.json"
+    argv = ["tree", "build", str(path), "--tokenizer", str(TARGET_DIR), "--start-token-id", "259", "--out", str(out)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert _built_strings(json.loads(out.read_text()), demo_hf_tokenizer()) == {"Yes", "No"}
+
+
+def test_build_out_that_cannot_be_written_is_exit_status_2(tmp_path, capsys):
+    """--out in a missing folder, a folder, or under a file: exit status 2 naming the path, no traceback,
+    nothing written; checked before the strings are tokenized."""
+    from logitgate.models.demo import TARGET_DIR
+
+    strings = tmp_path / "s.txt"
+    strings.write_text("Asia/Tokyo\n")
+    (tmp_path / "a-file").write_text("x")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for out in (tmp_path / "missing-dir" / "tree.json", tmp_path, tmp_path / "a-file" / "tree.json"):
+        argv = ["tree", "build", str(strings), "--tokenizer", str(TARGET_DIR), "--start-token-id", "259", "--out", str(out)]
+        assert main(argv) == 2, out
+        err = capsys.readouterr().err
+        assert f"--out {str(out)!r}" in err and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_build_tokenizer_directory_that_cannot_be_loaded_names_it(tmp_path, capsys):
+    strings = tmp_path / "s.txt"
+    strings.write_text("Asia/Tokyo\n")
+    empty = tmp_path / "no-tokenizer"
+    empty.mkdir()
+    assert main(["tree", "build", str(strings), "--tokenizer", str(empty), "--start-token-id", "259"]) == 2
+    assert f"--tokenizer {str(empty)!r}" in capsys.readouterr().err

@@ -35,6 +35,8 @@ SLOW = (
     "hostile/test_hostile_sampling.py::test_sampler_rows_without_a_distribution_give_the_fallback_token",
     "integrations/llama_cpp/",
     "integrations/test_hf_speculative.py::test_greedy_equals_target_generate",
+    "integrations/test_vllm_tree_admission.py::test_a_large_tree_is_parsed_in_the_admission_process",
+    "integrations/test_vllm_tree_admission.py::test_an_admission_process_that_ends_fails_that_parse_alone",
     "integrations/test_hf_speculative_padding.py::test_padding_is_never_drafted",
     "integrations/test_transformers.py::test_generation_stops_at_a_tree_end_token_that_is_not_eos",
     "integrations/test_transformers.py::test_grammar_every_sequence_matches",

@@ -77,8 +77,8 @@ def test_nodes_limit_refuses_before_the_compiled_arrays(monkeypatch):
         raise AssertionError("the tree was compiled")
 
     monkeypatch.setattr(tree_module, "compile_graph", no_compile)
-    limits = TreeLimits(max_nodes=4)
-    with pytest.raises(TreeTooLarge, match=rf"its node count is 5 nodes, over the limit of 4 nodes .*{ENV_MAX_NODES}"):
+    limits = TreeLimits(max_nodes=5)  # the root and the 5 tokens written: 6 (5 once the shared 5 merges)
+    with pytest.raises(TreeTooLarge, match=rf"its node count is 6 nodes, over the limit of 5 nodes .*{ENV_MAX_NODES}"):
         TreeDFA.from_sequences([[5, 6], [5, 7], [8]], end_token_id=0, cache=False, limits=limits)
     with pytest.raises(TreeTooLarge, match="its node count is 3 nodes, over the limit of 2 nodes"):
         TreeDFA.from_prefix_dict(PREFIX_DICT, cache=False, limits=TreeLimits(max_nodes=2))

@@ -90,7 +90,8 @@ def test_requests_without_a_tree_and_without_a_global_tree(monkeypatch):
 
 def test_dicts_and_json_strings_are_taken_as_they_are(monkeypatch):
     monkeypatch.delenv(TREE_DIR_ENV, raising=False)
-    for source in (CONFIG, json.dumps(CONFIG), "  " + json.dumps(CONFIG)):
+    text = json.dumps(CONFIG)  # with a byte-order mark too (text read from a Notepad file): JSON, not a name
+    for source in (CONFIG, text, "  " + text, "\ufeff" + text, "\ufeff\n" + text, ("\ufeff" + text).encode()):
         request = tree_request_for(Params({"tree_decode": source}))
         assert request.kind == "tree_decode" and request.compile(64).allowed(0) == [10, 11]
 
@@ -158,3 +159,27 @@ def test_the_global_tree_applies_to_requests_without_their_own(monkeypatch, tmp_
     monkeypatch.setenv(GLOBAL_TREE_ENV, str(tmp_path / "gone.json"))
     with pytest.raises(ValueError, match=f"{GLOBAL_TREE_ENV}=.*gone.json"):
         tree_request_for(Params(None))
+
+
+def test_a_server_wide_tree_over_the_byte_limit_stops_start_up_as_its_requests_would_fail(monkeypatch, tmp_path):
+    """The start-up check reads the server-wide tree as every request's admission does: within
+    LOGITGATE_TREE_MAX_BYTES (a file past it used to pass start-up, then fail every request with a
+    400), and with or without a UTF-8 byte-order mark."""
+    from logitgate.integrations.vllm.tree_admission import admit
+    from logitgate.integrations.vllm.tree_args import check_global_tree
+
+    path = tmp_path / "global.json"
+    text = json.dumps(CONFIG)
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    monkeypatch.setenv(GLOBAL_TREE_ENV, str(path))
+    check_global_tree()
+    size = len(text) + 3
+    monkeypatch.setenv("LOGITGATE_TREE_MAX_BYTES", str(size))
+    check_global_tree()
+    assert admit(tree_request_for(Params(None)), 64, None).nodes == 2
+    monkeypatch.setenv("LOGITGATE_TREE_MAX_BYTES", str(size - 1))
+    limit = f"its size is {size} bytes, over the limit of {size - 1} bytes"
+    with pytest.raises(ValueError, match=f"{GLOBAL_TREE_ENV}=.*cannot serve as the server-wide tree: .*{limit}"):
+        check_global_tree()
+    with pytest.raises(ValueError, match=limit):
+        admit(tree_request_for(Params(None)), 64, None)

@@ -89,3 +89,31 @@ def test_long_unreachable_key_compiles_in_linear_time():
     stats = tree.stats()
     assert stats["nodes"] == 1 and stats["unreachable_keys"] == 1 and tree.allowed(0) == [1]
     assert elapsed < 3.0, f"{elapsed:.1f} s for a 1-node tree"
+
+
+@settings(max_examples=100, deadline=None)
+@given(sequences=st.lists(st.lists(st.integers(3, 9), min_size=1, max_size=8), min_size=1, max_size=20),
+       drop=st.lists(st.integers(0, 200), max_size=5))
+def test_the_counted_size_bounds_the_compiled_tree(sequences, drop):
+    """What the node and depth limits count (tree_loaders.TreeSize, before the trie is built) is never
+    less than the compiled tree's nodes and depth: a tree within the limits compiles within them.
+    Sequences: exactly, when no two share a first token; a prefix dict of every prefix: exactly,
+    and still a bound with keys dropped (the keys past a dropped one become unreachable)."""
+    from logitgate.models.demo import build_prefix_dict
+    from logitgate.structured.tree_loaders import parse_prefix_dict, prefix_dict_size, sequences_size
+
+    size = sequences_size(np.array([len(s) for s in sequences]))
+    stats = TreeDFA.from_sequences(sequences, end_token_id=2, cache=False, limits=NO_LIMITS).stats()
+    assert stats["nodes"] <= size.nodes and stats["max_depth"] == size.depth
+    if len({s[0] for s in sequences}) == len(sequences):
+        assert stats["nodes"] == size.nodes
+    config = build_prefix_dict(sequences, start_token_id=1, end_token_id=2)
+    keys = list(config["prefix_dict"])
+    size = prefix_dict_size(parse_prefix_dict(config))
+    stats = TreeDFA.from_prefix_dict(config, cache=False, limits=NO_LIMITS).stats()
+    assert (stats["nodes"], stats["max_depth"]) == size
+    for i in drop:
+        config["prefix_dict"].pop(keys[i % len(keys)], None)
+    size = prefix_dict_size(parse_prefix_dict(config))
+    stats = TreeDFA.from_prefix_dict(config, cache=False, limits=NO_LIMITS).stats()
+    assert stats["nodes"] <= size.nodes and stats["max_depth"] <= size.depth

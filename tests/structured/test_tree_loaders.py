@@ -42,6 +42,19 @@ def test_prefix_dict_from_path_json_string_and_dict_agree(tmp_path):
         assert tree.allowed(tree.walk([64000])) == [2, 64001]
 
 
+def test_json_text_with_a_byte_order_mark_is_json(tmp_path):
+    """Text from a file saved with a UTF-8 BOM (Notepad, PowerShell), as a str, bytes or the file:
+    JSON, never taken for a path; `load_tree_config` reads such a file too."""
+    from logitgate.models.demo import load_tree_config
+
+    text = "\ufeff" + json.dumps(GOOD)
+    path = tmp_path / "tree.json"
+    path.write_bytes(text.encode())
+    for source in (text, text.encode(), path):
+        assert TreeDFA.from_prefix_dict(source, cache=False).allowed(0) == [64000]
+    assert load_tree_config(path) == GOOD
+
+
 def test_default_separator_and_other_separators():
     config = {"start_token_id": 1, "end_token_id": 0, "prefix_dict": {"1": [5], "1_5": [6]}}
     assert TreeDFA.from_prefix_dict(config).allowed(TreeDFA.from_prefix_dict(config).walk([5])) == [6]

@@ -58,11 +58,11 @@ def stop(server: subprocess.Popen, group: bool = False) -> None:
         server.wait()
 
 
-def post(url: str, body: dict) -> tuple[int, dict]:
+def post(url: str, body: dict, timeout: float = 60) -> tuple[int, dict]:
     """(HTTP status, JSON answer) of a POST with a JSON body."""
     request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read())

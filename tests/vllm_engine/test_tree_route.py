@@ -186,7 +186,7 @@ def test_the_front_end_admits_without_compiling(route):
 
     TreeDFA.cache_clear()
     shape = route._front_end_check(SamplingParams(extra_args={"tree_decode": json.dumps(CONFIG)}), lambda: V)
-    assert (shape.start_token_id, shape.end_token_id, shape.depth) == (40, EOS, 3)
+    assert (shape.start_token_id, shape.end_token_id, shape.depth) == (40, EOS, 2)  # tokens after the start token
     assert TreeDFA.cache_info()["size"] == 0  # nothing compiled, nothing kept
     bad = {**CONFIG, "prefix_dict": {"40": [V + 3]}}
     with pytest.raises(ValueError, match=f"candidate {V + 3} is >= vocab_size {V}"):

@@ -151,6 +151,11 @@ TREE_PATCHES: tuple[Patch, ...] = (
           "admits a request's tree in the front end (parsed, ids checked against the vocabulary, size limits): a bad "
           "tree is a 400 for that request; without `tree` selected, tree requests are refused, not decoded "
           "unconstrained", TREE_UNTIL, required=True, replacement=".tree_route:process_inputs_replacement"),
+    Patch("tree", "vllm.v1.engine.async_llm:AsyncLLM", "add_request",
+          "admits a request's tree before vLLM's add_request calls process_inputs on the API server's event loop: on "
+          "a worker thread, a large tree parsed in logitgate's admission process, so no parse stalls the loop",
+          "no upstream hook: vLLM runs process_inputs on the event loop for rendered prompts; review on every vLLM bump",
+          required=False, replacement=".tree_route:add_request_replacement"),
     *(Patch(ALWAYS, f"{module}:{cls}", "to_beam_search_params", _BEAM, _BEAM_UNTIL, required=False,
             replacement=".tree_route:to_beam_search_params_replacement", only_if_loaded=True)
       for module, cls in (

@@ -5,23 +5,36 @@ keeps no compiled tree (the engine compiles it, once), and the cost is one linea
 
 The limits are the operator's tree limits (logitgate/tree_limits.py: LOGITGATE_TREE_MAX_BYTES,
 _NODES, _DEPTH), the same that bound every tree the library builds; beyond one, TreeTooLarge (a
-ValueError: HTTP 400) names the value, the limit and the variable. The node count checked here is
-the token ids as written (a prefix dict's key parts and candidates, a trie's leaf tokens), which
-bounds the compiled tree's nodes, so a tree admitted here never fails the engine's own check.
+ValueError: HTTP 400) names the value, the limit and the variable. Bytes are measured by the same
+reader and nodes and depth counted by the same functions (tree_loaders.TreeSize) as in the engine's
+compile, so a tree admitted here never fails the engine's own checks.
 
 `admit(request, vocab_size, eos_token_id)` -> `TreeShape` or ValueError naming the problem.
+
+Off the event loop: vLLM's OpenAI server calls `InputProcessor.process_inputs`, and so `admit`, on
+its event loop, where a 40 MB tree's parse held every other client (/health included) for seconds.
+`admission` (awaited by the `AsyncLLM.add_request` replacement in tree_route.py, before
+process_inputs) runs `admit` on a worker thread, with every text or operator's file larger than
+INLINE_MAX_BYTES parsed in the admission process (tree_admission_process.py: a parse holds the GIL,
+so a thread alone would not free the loop); `handed_over(admission)` gives the outcome to the
+`admit` that process_inputs then calls in the same task, which returns it instead of parsing again.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from ...tree_limits import TreeLimits
 
-__all__ = ["TreeShape", "admit"]
+__all__ = ["Admission", "Job", "TreeShape", "admission", "admit", "handed_over", "parse_job"]
 
 _ADMITTED_MAX = 256  # tree shapes remembered (a few ints each), so a tree sent again is not parsed again
+INLINE_MAX_BYTES = 1 << 16  # larger texts and files are parsed in the admission process (~5 ms here)
 
 
 class TreeShape(NamedTuple):
@@ -29,7 +42,7 @@ class TreeShape(NamedTuple):
 
     start_token_id: int | None  # a prefix dict's; None for a trie
     end_token_id: int
-    nodes: int
+    nodes: int  # as the operator's limits count them (tree_loaders.TreeSize)
     depth: int
 
 
@@ -48,54 +61,138 @@ _ADMITTED = None
 def _shape(kind: str, obj: Any, request: Any, end: int | None, vocab_size: int, limits: TreeLimits) -> TreeShape:
     import numpy as np
 
-    from ...structured.tree_loaders import parse_prefix_dict, parse_sequences, parse_token_trie
+    from ...structured.tree_loaders import (
+        parse_prefix_dict,
+        parse_sequences,
+        parse_token_trie,
+        prefix_dict_size,
+        sequences_size,
+    )
 
     if kind == "tree_decode":
         spec = parse_prefix_dict(obj, vocab_size)
-        parts = np.diff(spec.part_offsets)
-        shape = TreeShape(spec.start_token_id, spec.end_token_id, int(spec.part_ids.size + spec.cand_ids.size),
-                          int(parts.max()) if parts.size else 0)
-        what = ("the prefix dict (key parts and candidates)", "the prefix dict (longest key)")
-    else:
-        trie = parse_token_trie(obj, path=request.path, model_id=request.model_id)
-        lengths = [len(seq) if isinstance(seq, (list, tuple)) else 0 for seq in trie.sequences]
-        shape = TreeShape(None, end, sum(lengths), max(lengths, default=0))
-        what = ("the token trie (leaf tokens)", "the token trie (longest leaf)")
-    # A trie is checked here, before its tokens are flattened and checked one by one.
-    limits.check_nodes(shape.nodes, what[0])
-    limits.check_depth(shape.depth, what[1])
-    if kind != "tree_decode":
-        parse_sequences(trie.sequences, end, vocab_size, trie.names,
-                        what=f"token trie payload (model {trie.model_id!r}, path {trie.path!r})")
-    return shape
+        size = prefix_dict_size(spec)  # as the compile counts it (TreeDFA.from_prefix_dict)
+        limits.check_size(size, "prefix dict")
+        return TreeShape(spec.start_token_id, spec.end_token_id, *size)
+    trie = parse_token_trie(obj, path=request.path, model_id=request.model_id)
+    lengths = np.fromiter((len(seq) if isinstance(seq, (list, tuple)) else 0 for seq in trie.sequences),
+                          np.int64, len(trie.sequences))
+    size = sequences_size(lengths)  # as the compile counts it (TreeDFA.from_token_trie)
+    # Checked before the tokens are flattened and checked one by one.
+    limits.check_size(size, "token trie")
+    parse_sequences(trie.sequences, end, vocab_size, trie.names,
+                    what=f"token trie payload (model {trie.model_id!r}, path {trie.path!r})")
+    return TreeShape(None, end, *size)
+
+
+class Job(NamedTuple):
+    """One tree to parse and check, as the admission process takes it (picklable)."""
+
+    kind: str  # "tree_decode" or "token_trie"
+    source: Any  # the JSON text (bytes), the operator's file (a Path) or a parsed dict / list
+    path: str | None  # a token trie's descriptor
+    model_id: str | None
+    end: int | None  # a token trie's end token
+    vocab_size: int
+    limits: TreeLimits
+
+
+def parse_job(job: Job) -> TreeShape:
+    """The shape of `job`'s tree, or ValueError naming the problem (the text beyond the byte limit,
+    malformed JSON, a bad token id, a tree beyond the node or depth limit)."""
+    from ...structured.tree_loaders import parse_json_bytes, read_json_source
+
+    what = "prefix dict config" if job.kind == "tree_decode" else "token trie payload"
+    obj, raw, where = read_json_source(job.source, what, job.limits)
+    return _shape(job.kind, obj if raw is None else parse_json_bytes(raw, where), job, job.end, job.vocab_size, job.limits)
+
+
+def _parse(job: Job, size: int) -> TreeShape:
+    if size <= INLINE_MAX_BYTES:
+        return parse_job(job)
+    from .tree_admission_process import parse_in_process
+
+    return parse_in_process(job)
+
+
+def _admit(request: Any, vocab_size: int, end: int | None, limits: TreeLimits) -> TreeShape:
+    from ...structured.compile_cache import content_hash
+    from ...structured.tree_loaders import read_json_source
+
+    job = Job(request.kind, request.source, request.path, request.model_id, end, vocab_size, limits)
+    if isinstance(request.source, (dict, list)):  # from an in-process caller: parsed as it is, no cache
+        return parse_job(job)
+    if isinstance(request.source, os.PathLike):  # the operator's: known by its size and time, read when new
+        stat = Path(request.source).stat()
+        key: Any = ("file", str(request.source), stat.st_mtime_ns, stat.st_size)
+        size = stat.st_size
+    else:  # a client's text: bytes within the limit, known by its hash
+        _, raw, _ = read_json_source(request.source, "prefix dict config" if job.kind == "tree_decode"
+                                     else "token trie payload", limits)
+        job, key, size = job._replace(source=raw), ("text", content_hash(raw)), len(raw)
+    key = (*key, job.kind, *job[2:])  # what decides the outcome besides the text
+    return _admitted_cache().get_or_create(key, lambda: _parse(job, size))
+
+
+class Admission(NamedTuple):
+    """A request's tree, admitted ahead of vLLM's `process_inputs` (see `admission`)."""
+
+    request: Any  # the TreeRequest, with the vocabulary size, end token and limits it was admitted for
+    vocab_size: int
+    end: int | None
+    limits: TreeLimits
+    shape: TreeShape | None
+    error: ValueError | None
+
+
+_handed_over: contextvars.ContextVar[Admission | None] = contextvars.ContextVar("logitgate_tree_admission", default=None)
+
+
+@contextlib.contextmanager
+def handed_over(done: Admission | None) -> Iterator[None]:
+    """While this is open, `admit` in this task (asyncio) or thread returns `done`'s outcome for
+    the same tree, end token, vocabulary and limits instead of parsing again."""
+    token = _handed_over.set(done)
+    try:
+        yield
+    finally:
+        _handed_over.reset(token)
 
 
 def admit(request: Any, vocab_size: int, eos_token_id: int | None, limits: TreeLimits | None = None) -> TreeShape:
     """Check a resolved `TreeRequest` (tree_args.tree_request_for) as the engine would compile it,
     without compiling; the operator's files are checked once per content (size and mtime), inline
     JSON text once per content hash. ValueError names the extra_args key and the problem."""
-    from ...structured.compile_cache import content_hash
-    from ...structured.tree_loaders import parse_json_bytes, read_json_source
-
     kind = request.kind
     end = request.end_token(vocab_size, eos_token_id)  # its message names the key already
+    done = _handed_over.get()
     try:
-        operator_file = isinstance(request.source, os.PathLike)
-        if operator_file:
-            stat = Path(request.source).stat()
-            key: Any = ("file", str(request.source), stat.st_mtime_ns, stat.st_size)
         limits = limits or TreeLimits.from_env()
-        obj, raw, where = read_json_source(
-            request.source, "prefix dict config" if kind == "tree_decode" else "token trie payload", limits)
-        if raw is None:  # a dict from an in-process caller: parse it, no cache
-            return _shape(kind, obj, request, end, vocab_size, limits)
-        if not operator_file:
-            key = ("text", content_hash(raw))
-        key = (*key, kind, vocab_size, end, request.path, request.model_id, limits)
-        return _admitted_cache().get_or_create(
-            key, lambda: _shape(kind, parse_json_bytes(raw, where), request, end, vocab_size, limits)
-        )
+        if done is not None and done[:4] == (request, vocab_size, end, limits):
+            if done.error is not None:
+                raise done.error
+            return done.shape
+        return _admit(request, vocab_size, end, limits)
     except OSError as err:  # the operator's file vanished between lookup and stat
         raise ValueError(f"extra_args[{kind!r}]: the tree file cannot be read ({err.strerror})") from None
     except ValueError as err:
+        if done is not None and err is done.error:  # already says which key
+            raise
         raise ValueError(f"extra_args[{kind!r}]: {err}") from None
+
+
+async def admission(request: Any, vocab_size: int, eos_token_id: int | None,
+                    limits: TreeLimits | None = None) -> Admission | None:
+    """`admit` on a worker thread (its parse, for a large tree, in the admission process), as an
+    Admission for `handed_over`; None where `admit` would fail before parsing (no end token, a
+    malformed limit variable): process_inputs then says why itself."""
+    try:
+        end = request.end_token(vocab_size, eos_token_id)
+        limits = limits or TreeLimits.from_env()
+    except ValueError:
+        return None
+    try:
+        shape = await asyncio.to_thread(admit, request, vocab_size, eos_token_id, limits)
+    except ValueError as err:
+        return Admission(request, vocab_size, end, limits, None, err)
+    return Admission(request, vocab_size, end, limits, shape, None)

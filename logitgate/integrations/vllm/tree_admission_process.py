@@ -1,0 +1,154 @@
+"""The process that parses large trees for vLLM's front end, so that the front end never holds
+Python's GIL for the seconds a large tree's parse takes.
+
+`json.loads` of a 40 MB token trie builds millions of lists and ints in one C call that never
+releases the GIL, so a worker thread would stall the API server's event loop as surely as parsing
+on it (measured: a 51 MB trie admitted in a thread held a 1 ms asyncio ticker for 5.7 s). Here the
+front end sends the text (or the operator's file's path) down a pipe and waits for a few integers:
+reading and writing a pipe release the GIL, and the parsed objects (hundreds of MB for such a tree)
+never exist in the API server.
+
+`parse_in_process(job)` -> the admitted TreeShape, or ValueError naming the problem. One process
+per front-end process, started by the first large tree (`python -m` this module: logitgate's tree
+loaders, no vLLM), one parse at a time, ended when the front end closes its pipe (the front end
+exits or dies) and started again after it ends. Messages are pickles framed by their length.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import threading
+from typing import IO, Any
+
+__all__ = ["parse_in_process"]
+
+_LENGTH = struct.Struct("<Q")
+# A child of vLLM's logger, so that the start shows in vLLM's log.
+logger = logging.getLogger("vllm.logitgate")
+
+
+def _send(stream: IO[bytes], data: bytes) -> None:
+    stream.write(_LENGTH.pack(len(data)))
+    stream.write(data)  # a large write releases the GIL
+
+
+def _receive(stream: IO[bytes]) -> bytes:
+    """The next frame, or EOFError when the other side has closed its end."""
+    head = stream.read(_LENGTH.size)
+    if len(head) < _LENGTH.size:
+        raise EOFError("the pipe closed")
+    (length,) = _LENGTH.unpack(head)
+    data = stream.read(length)
+    if len(data) < length:
+        raise EOFError("the pipe closed mid-message")
+    return data
+
+
+def _send_job(stream: IO[bytes], job: Any) -> None:
+    """A job is its pickle without its text, then the text as a frame of its own: pickling 40 MB
+    would copy them once more while holding the GIL."""
+    text = job.source if isinstance(job.source, bytes) else None
+    _send(stream, pickle.dumps(job._replace(source=None) if text is not None else job, pickle.HIGHEST_PROTOCOL))
+    if text is not None:
+        _send(stream, text)
+    stream.flush()
+
+
+def _receive_job(stream: IO[bytes]) -> Any:
+    job = pickle.loads(_receive(stream))
+    return job._replace(source=_receive(stream)) if job.source is None else job
+
+
+class _Process:
+    """The child process and the pipe to it; one parse at a time (a lock)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._child: subprocess.Popen | None = None
+
+    def _started(self) -> subprocess.Popen:
+        if self._child is None or self._child.poll() is not None:
+            # The child's stdout is the reply pipe; its stderr is the server's (log lines go there).
+            self._child = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, close_fds=True)
+            logger.info("logitgate tree admission process started (pid %d): large trees are parsed there, off the "
+                        "front end's event loop", self._child.pid)
+        return self._child
+
+    def _exit_status(self) -> int | None:
+        """The child's exit status once it has closed its pipe (it is exiting), or None."""
+        try:
+            return self._child.wait(timeout=5) if self._child is not None else None
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _end(self) -> None:
+        child, self._child = self._child, None
+        if child is not None:
+            child.kill()
+            child.wait()
+
+    def parse(self, job: Any) -> Any:
+        with self._lock:
+            try:
+                child = self._started()
+                _send_job(child.stdin, job)
+                ok, value = pickle.loads(_receive(child.stdout))
+            except (OSError, EOFError, pickle.UnpicklingError) as err:
+                code = self._exit_status()
+                self._end()
+                ended = f"exit status {code}" if code is not None else str(err)
+                raise ValueError(f"the tree could not be parsed: logitgate's tree admission process ended ({ended}); "
+                                 "send it again") from None
+        if not ok:
+            raise ValueError(value)
+        return value
+
+
+_process = _Process()
+
+
+def parse_in_process(job: Any) -> Any:
+    """`tree_admission.parse_job(job)`, run in the admission process; its ValueError is raised here
+    with the same message. A process that ends mid-parse (killed, out of memory) fails this parse
+    with a ValueError that says so; the next parse starts a new one."""
+    return _process.parse(job)
+
+
+def _serve(requests: IO[bytes], replies: IO[bytes]) -> None:
+    from .tree_admission import parse_job
+
+    while True:
+        try:
+            job = _receive_job(requests)
+        except EOFError:
+            return
+        try:
+            reply: tuple[bool, Any] = (True, parse_job(job))
+        except ValueError as err:
+            reply = (False, str(err))
+        except RecursionError:
+            reply = (False, "the tree is nested too deeply to be parsed")
+        del job
+        _send(replies, pickle.dumps(reply, pickle.HIGHEST_PROTOCOL))
+        replies.flush()
+        gc.collect()  # the parsed tree's objects go before the next one arrives
+
+
+def main() -> None:
+    # Ctrl-C in the server's terminal reaches this process too: it ends when the server closes the pipe.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Replies go to the original stdout alone: anything a library prints goes to stderr instead.
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    _serve(sys.stdin.buffer, replies)
+
+
+if __name__ == "__main__":
+    main()
