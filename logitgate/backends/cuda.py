@@ -10,6 +10,7 @@ from .reference import apply_token_bitmask_reference
 from .torch_kernels import apply_top_k_top_p_torch
 from .triton.rejection_launch import TritonRejectionMixin
 from .triton.tree_launch import TritonTreeMixin
+from .variants import cuda_variant
 
 CUDA_BITMASK_BLOCK = 4096
 CUDA_REJECTION_BLOCK = 4096  # vocabulary tile of the per-request rejection kernels
@@ -37,7 +38,12 @@ class CudaBackend(TritonTreeMixin, TritonRejectionMixin, Backend):
         return Capabilities(native_bitmask=True, torch_compile=True, triton=self._has_triton, side_streams=True)
 
     def kernels(self) -> dict[str, str]:
-        bitmask = "triton (grid-stride, int view store)" if self._has_triton else "torch reference (triton missing)"
+        if not self._has_triton:
+            bitmask = "torch reference (triton missing)"
+        elif cuda_variant("bitmask") == "v2":
+            bitmask = "triton v2 (a tile per program, per-lane bits, load-select-store)"
+        else:
+            bitmask = "triton (grid-stride, int view store)"
         return {
             **self._rejection_kernel_names(),
             **self._tree_kernel_names(),
@@ -67,6 +73,11 @@ class CudaBackend(TritonTreeMixin, TritonRejectionMixin, Backend):
             apply_token_bitmask_reference(logits, bitmask, rows, vocab_size)
             return
         self.check_on_device(logits=logits, bitmask=bitmask, rows=rows)
+        if cuda_variant("bitmask") == "v2":
+            from .triton.bitmask import apply_token_bitmask_tiles_triton
+
+            apply_token_bitmask_tiles_triton(logits, bitmask, rows, vocab_size)
+            return
         from .triton.bitmask import apply_token_bitmask_triton
 
         apply_token_bitmask_triton(
