@@ -32,6 +32,25 @@ def _cases():
                    "tiles_per_row": "i32", "logits_row_stride": "i32", "bitmask_row_stride": "i32",
                    "neg_inf_bits": "i32", "HAS_ROWS": "constexpr", "BLOCK": "constexpr", "SPARSE": "constexpr"}
             yield bitmask._apply_token_bitmask_tile_kernel, sig, {"HAS_ROWS": has_rows, "BLOCK": block, "SPARSE": 16}, 8
+    from logitgate.backends.triton import philox, sampling_v2 as sv2
+
+    yield philox._philox_exponential_kernel, {"seed_ptr": "*i64", "out_ptr": "*fp32", "vocab_size": "i32",
+                                              "out_stride": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024}, 4
+    yield sv2._race_partial_kernel, {"probs_ptr": "*fp32", "seed_ptr": "*i64", "part_ptr": "*i32", "vocab_size": "i32",
+                                     "probs_stride": "i32", "num_chunks": "i32", "CHUNK": "constexpr"}, {"CHUNK": 8192}, 8
+    yield sv2._race_merge_kernel, {"part_ptr": "*i32", "out_ptr": "*i64", "num_chunks": "i32", "CHUNKS": "constexpr"}, {"CHUNKS": 32}, 4
+    for has_t in (False, True):
+        sig = {"logits_ptr": "*fp32", "temperature_ptr": "*fp32" if has_t else "*i64", "work_ptr": "*i32", "vocab_size": "i32",
+               "logits_stride": "i32", "num_chunks": "i32", "top": "i32", "eps": "fp32", "HAS_TEMPERATURE": "constexpr",
+               "CHUNK": "constexpr", "SLOTS": "constexpr"}
+        yield sv2._chunk_candidates_kernel, sig, {"HAS_TEMPERATURE": has_t, "CHUNK": 8192, "SLOTS": 64}, 8
+        for has_p in (False, True):
+            sig = {"work_ptr": "*i32", "logits_ptr": "*fp32", "temperature_ptr": "*fp32" if has_t else "*i64", "k_ptr": "*i64",
+                   "p_ptr": "*fp32", "seed_ptr": "*i64", "out_ptr": "*i64", "vocab_size": "i32", "logits_stride": "i32",
+                   "num_chunks": "i32", "top": "i32", "eps": "fp32", "HAS_TEMPERATURE": "constexpr", "HAS_P": "constexpr",
+                   "CHUNKS": "constexpr", "SLOTS": "constexpr", "BLOCK_V": "constexpr"}
+            yield sv2._merge_sample_kernel, sig, {"HAS_TEMPERATURE": has_t, "HAS_P": has_p, "CHUNKS": 16, "SLOTS": 64,
+                                                   "BLOCK_V": 4096}, 8
 
 
 def compile_all() -> dict[str, str]:
