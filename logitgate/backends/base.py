@@ -47,6 +47,7 @@ class Capabilities:
 
 NOISE_EXPONENTIAL = "exponential"  # q ~ Exp(1), float32 (B, V): the exponential trick argmax(p / q)
 NOISE_UNIFORM = "uniform"  # u ~ U[0, 1), float64 (B,): one inverse-CDF draw per row
+NOISE_PHILOX = "philox"  # int64 (B,) seeds: the kernel generates each row's Exp(1) noise (triton/philox.py)
 
 
 @dataclass
@@ -136,6 +137,8 @@ class Backend(ABC):
     # Whether `sample_candidates` is a fused kernel that pays over gathering the layout and running
     # the Sampler's ops on it (sampling/ and structured/ pick the fused draw only where it is).
     fused_candidate_sampling: bool = False
+    # Whether `sample_from_logits` may draw in one go (else it always returns None and callers skip it).
+    fused_logit_sampling: bool = False
 
     def sample_candidates(
         self,
@@ -243,6 +246,23 @@ class Backend(ABC):
         undefined = undefined_prob_rows(probs)
         fallback = self.undefined_row_fallback(probs, undefined)
         return sampled if fallback is None else torch.where(undefined, fallback, sampled)
+
+    def sample_from_logits(
+        self,
+        logits: torch.Tensor,
+        temperature: torch.Tensor | None,
+        k: torch.Tensor | None,
+        p: torch.Tensor | None,
+        max_top_k: int | None,
+        generators: dict[int, torch.Generator] | None,
+        noise: SamplingNoise | None,
+    ) -> torch.Tensor | None:
+        """int64 (B,): one draw per row from the softmax of top-p(top-k(logits / temperature))
+        (float32 (B, V) logits, read not written; temperature per row, None: already tempered), a
+        row without a distribution given its fallback token (sampling_rules.py); `noise` as for
+        `random_sample`. None where this backend has no kernel doing it in one go for these
+        arguments: the caller then filters and draws step by step. Default: None."""
+        return None
 
     def undefined_row_fallback(self, scores: torch.Tensor, undefined: torch.Tensor) -> torch.Tensor | None:
         """int64 (B,): the fallback token of each row (meaningful where `undefined`, see

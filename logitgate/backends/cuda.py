@@ -5,8 +5,9 @@ import importlib.util
 
 import torch
 
-from .base import Backend, Capabilities
+from .base import NOISE_EXPONENTIAL, NOISE_PHILOX, Backend, Capabilities, SamplingNoise
 from .reference import apply_token_bitmask_reference
+from .sampling_rules import draw_seeds
 from .torch_kernels import apply_top_k_top_p_torch
 from .triton.rejection_launch import TritonRejectionMixin
 from .triton.tree_launch import TritonTreeMixin
@@ -19,6 +20,10 @@ CUDA_TOP_K_TOP_P_BLOCK = 4096
 # One program per row: below this many rows the bisection kernel leaves the GPU mostly idle and a
 # segmented sort of a few rows is cheap anyway.
 CUDA_TOP_K_TOP_P_MIN_ROWS = 8
+# v2 sampling: the largest max(top_k) the one-read top-k sampler takes (each vocabulary chunk keeps
+# that many candidates; the per-row merge holds chunks x candidates in registers).
+CUDA_SAMPLE_MAX_TOP_K = 256
+CUDA_SAMPLE_CHUNK = 8192  # vocabulary tokens per program of the v2 sampling kernels
 
 
 class CudaBackend(TritonTreeMixin, TritonRejectionMixin, Backend):
@@ -51,7 +56,67 @@ class CudaBackend(TritonTreeMixin, TritonRejectionMixin, Backend):
             "random_sample": "exponential trick argmax(p / q), q ~ Exp(1) drawn ahead on a side stream, event-synchronised",
             "top_k_top_p": "torch.topk candidates when every row has top-k (max k known on the host); else, from "
             f"{CUDA_TOP_K_TOP_P_MIN_ROWS} rows, the Triton bisection kernel (no sort); else the sort-based reference",
+            **self._sampling_v2_kernel_names(),
         }
+
+    def _sampling_v2(self) -> bool:
+        return self._has_triton and cuda_variant("sampling") == "v2"
+
+    def _sampling_v2_kernel_names(self) -> dict[str, str]:
+        if not self._sampling_v2():
+            return {}
+        return {
+            "random_sample": "triton v2: race argmax(p / q) over (row, chunk) programs, q from a per-row Philox seed "
+            "in the kernel, rows without a total given their fallback in the same pass",
+            "sample_from_logits": f"triton v2: temperature, top-k (max k <= {CUDA_SAMPLE_MAX_TOP_K} known on the host), "
+            "top-p and the draw in two kernels that read the logits once",
+        }
+
+    @property
+    def fused_logit_sampling(self) -> bool:
+        return self._sampling_v2()
+
+    @property
+    def sampling_noise_kind(self) -> str:
+        return NOISE_PHILOX if self._sampling_v2() else NOISE_EXPONENTIAL
+
+    def draw_sampling_noise(self, batch_size, vocab_size, generators) -> SamplingNoise:
+        if not self._sampling_v2():
+            return super().draw_sampling_noise(batch_size, vocab_size, generators)
+        from .triton.philox import SEED_HIGH
+
+        with self.side_stream():
+            seeds = draw_seeds(batch_size, generators, self.device, SEED_HIGH)
+            event = self.record_event()
+        return SamplingNoise(NOISE_PHILOX, seeds, event)
+
+    def _seeds(self, batch_size, generators, noise) -> torch.Tensor:
+        """This call's per-row seeds: the prefetched ones (waited for on the device), or drawn now."""
+        if noise is None:
+            from .triton.philox import SEED_HIGH
+
+            return draw_seeds(batch_size, generators, self.device, SEED_HIGH)
+        self.wait_event(noise.event)
+        self.claim_on_current_stream(noise.values)
+        return noise.values
+
+    def random_sample(self, probs, generators, noise) -> torch.Tensor:
+        if not self._sampling_v2():
+            return super().random_sample(probs, generators, noise)
+        self.check_on_device(probs=probs)
+        from .triton.sampling_v2 import random_sample_v2
+
+        return random_sample_v2(probs, self._seeds(probs.shape[0], generators, noise), chunk=CUDA_SAMPLE_CHUNK)
+
+    def sample_from_logits(self, logits, temperature, k, p, max_top_k, generators, noise):
+        if not (self._sampling_v2() and k is not None and max_top_k is not None
+                and 0 < max_top_k < logits.shape[-1] and max_top_k <= CUDA_SAMPLE_MAX_TOP_K):
+            return None
+        self.check_on_device(logits=logits, temperature=temperature, k=k, p=p)
+        from .triton.sampling_v2 import top_k_top_p_sample_v2
+
+        seeds = self._seeds(logits.shape[0], generators, noise)
+        return top_k_top_p_sample_v2(logits, temperature, k, p, max_top_k, seeds, chunk=CUDA_SAMPLE_CHUNK)
 
     def _rejection_uses_triton(self) -> bool:
         return self._has_triton

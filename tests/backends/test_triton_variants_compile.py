@@ -41,13 +41,13 @@ def _cases():
     yield sv2._race_merge_kernel, {"part_ptr": "*i32", "out_ptr": "*i64", "num_chunks": "i32", "CHUNKS": "constexpr"}, {"CHUNKS": 32}, 4
     for has_t in (False, True):
         sig = {"logits_ptr": "*fp32", "temperature_ptr": "*fp32" if has_t else "*i64", "work_ptr": "*i32", "vocab_size": "i32",
-               "logits_stride": "i32", "num_chunks": "i32", "top": "i32", "eps": "fp32", "HAS_TEMPERATURE": "constexpr",
+               "logits_stride": "i32", "num_chunks": "i32", "top": "i32", "HAS_TEMPERATURE": "constexpr",
                "CHUNK": "constexpr", "SLOTS": "constexpr"}
         yield sv2._chunk_candidates_kernel, sig, {"HAS_TEMPERATURE": has_t, "CHUNK": 8192, "SLOTS": 64}, 8
         for has_p in (False, True):
             sig = {"work_ptr": "*i32", "logits_ptr": "*fp32", "temperature_ptr": "*fp32" if has_t else "*i64", "k_ptr": "*i64",
                    "p_ptr": "*fp32", "seed_ptr": "*i64", "out_ptr": "*i64", "vocab_size": "i32", "logits_stride": "i32",
-                   "num_chunks": "i32", "top": "i32", "eps": "fp32", "HAS_TEMPERATURE": "constexpr", "HAS_P": "constexpr",
+                   "num_chunks": "i32", "top": "i32", "HAS_TEMPERATURE": "constexpr", "HAS_P": "constexpr",
                    "CHUNKS": "constexpr", "SLOTS": "constexpr", "BLOCK_V": "constexpr"}
             yield sv2._merge_sample_kernel, sig, {"HAS_TEMPERATURE": has_t, "HAS_P": has_p, "CHUNKS": 16, "SLOTS": 64,
                                                    "BLOCK_V": 4096}, 8

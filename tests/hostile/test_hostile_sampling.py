@@ -72,7 +72,7 @@ def test_issue_repro_nan_row_with_top_p_on_the_npu_path():
 
 @settings(max_examples=25)
 @given(data=st.data())
-def test_sampler_rows_without_a_distribution_give_the_fallback_token(backend, data):
+def test_sampler_rows_without_a_distribution_give_the_fallback_token(backend, data, sampling_variant):
     if interpreted_triton(backend):
         pytest.skip("the interpreted Triton kernels have their own, smaller test")
     check_sampler_rows(backend, data, max_rows=6, max_vocab=90)
@@ -116,7 +116,7 @@ def check_sampler_rows(backend, data, *, max_rows, max_vocab):
 
 @settings(max_examples=25)
 @given(data=st.data())
-def test_random_sample_rows_without_a_total_give_the_fallback_token(backend, data):
+def test_random_sample_rows_without_a_total_give_the_fallback_token(backend, data, sampling_variant):
     rows, vocab = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 70))
     probs = torch.rand(rows, vocab, generator=torch.Generator().manual_seed(data.draw(st.integers(0, 2**16))))
     for r in range(rows):

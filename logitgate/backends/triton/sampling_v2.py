@@ -124,19 +124,18 @@ def random_sample_v2(probs: torch.Tensor, seeds: torch.Tensor, *, chunk: int = 8
 
 
 @triton.jit
-def _tempered(x, temperature_ptr, row, eps, HAS_TEMPERATURE: tl.constexpr):
-    """x / the row's temperature (greedy rows, below eps, divided by 1), rounded as torch divides
-    (ops.apply_temperature): Triton's `/` is the approximate division."""
+def _tempered(x, temperature_ptr, row, HAS_TEMPERATURE: tl.constexpr):
+    """x / the row's temperature, rounded as torch divides (ops.apply_temperature): Triton's `/`
+    is the approximate division."""
     if HAS_TEMPERATURE:
-        t = tl.load(temperature_ptr + row).to(tl.float32)
-        x = tl.math.div_rn(x, tl.where(t < eps, 1.0, t))
+        x = tl.math.div_rn(x, tl.load(temperature_ptr + row).to(tl.float32))
     return x
 
 
 @triton.jit
 def _chunk_candidates_kernel(
     logits_ptr, temperature_ptr, work_ptr,
-    vocab_size, logits_stride, num_chunks, top, eps,
+    vocab_size, logits_stride, num_chunks, top,
     HAS_TEMPERATURE: tl.constexpr, CHUNK: tl.constexpr, SLOTS: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -144,7 +143,7 @@ def _chunk_candidates_kernel(
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     inside = offs < vocab_size
     x = tl.load(logits_ptr + row.to(tl.int64) * logits_stride + offs, mask=inside, other=0.0).to(tl.float32)
-    x = _tempered(x, temperature_ptr, row, eps, HAS_TEMPERATURE)
+    x = _tempered(x, temperature_ptr, row, HAS_TEMPERATURE)
     clean, cmax, cidx, has_nan = _clean_max(x, offs, inside)  # a NaN counts as -inf here
     key = _ordered_key(clean.to(tl.int32, bitcast=True))
     # The chunk's `want`-th largest key (want = min(top, lanes inside)): the largest t with
@@ -201,7 +200,7 @@ def _top_p_cut(probs, tie_prob, tie_count, top_p):
 @triton.jit
 def _merge_sample_kernel(
     work_ptr, logits_ptr, temperature_ptr, k_ptr, p_ptr, seed_ptr, out_ptr,
-    vocab_size, logits_stride, num_chunks, top, eps,
+    vocab_size, logits_stride, num_chunks, top,
     HAS_TEMPERATURE: tl.constexpr, HAS_P: tl.constexpr,
     CHUNKS: tl.constexpr, SLOTS: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
@@ -270,7 +269,7 @@ def _merge_sample_kernel(
             offs = start + tl.arange(0, BLOCK_V)
             inside = offs < vocab_size
             v = tl.load(logits_ptr + row.to(tl.int64) * logits_stride + offs, mask=inside, other=0.0).to(tl.float32)
-            v = _tempered(v, temperature_ptr, row, eps, HAS_TEMPERATURE)
+            v = _tempered(v, temperature_ptr, row, HAS_TEMPERATURE)
             pv = tl.exp(v - row_max) / total
             ok_v = inside & (v == v) & (_ordered_key(v.to(tl.int32, bitcast=True)) >= cut_key) & (pv >= floor)
             tile_best, tile_token = _first_max(tl.where(ok_v, pv / exponential_noise(seed, offs), -1.0), offs)
@@ -287,12 +286,12 @@ def top_k_top_p_sample_v2(
     max_top_k: int,
     seeds: torch.Tensor,
     *,
-    eps: float,
     chunk: int = 8192,
     block_v: int = 4096,
 ) -> torch.Tensor:
     """int64 (B,): one draw per row from softmax(top-p(top-k(logits / temperature))), rows without
-    a distribution given their fallback token; every k in [1, max_top_k] (max_top_k < V)."""
+    a distribution given their fallback token; every k in [1, max_top_k] (max_top_k < V); the
+    temperature (None: the logits are tempered) is used as it is (the caller maps greedy rows to 1)."""
     rows, vocab = logits.shape
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
@@ -303,12 +302,12 @@ def top_k_top_p_sample_v2(
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     temp = temperature if temperature is not None else seeds  # unused without HAS_TEMPERATURE
     _chunk_candidates_kernel[(rows, num_chunks)](
-        logits, temp, work, vocab, logits.stride(0), num_chunks, max_top_k, eps,
+        logits, temp, work, vocab, logits.stride(0), num_chunks, max_top_k,
         HAS_TEMPERATURE=temperature is not None, CHUNK=chunk, SLOTS=slots, num_warps=8 if chunk >= 4096 else 4,
     )
     _merge_sample_kernel[(rows,)](
         work, logits, temp, k, p if p is not None else temp, seeds, out,
-        vocab, logits.stride(0), num_chunks, max_top_k, eps,
+        vocab, logits.stride(0), num_chunks, max_top_k,
         HAS_TEMPERATURE=temperature is not None, HAS_P=p is not None,
         CHUNKS=max(2, triton.next_power_of_2(num_chunks)), SLOTS=slots,
         BLOCK_V=min(block_v, max(16, triton.next_power_of_2(vocab))), num_warps=8,
