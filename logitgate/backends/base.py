@@ -164,8 +164,31 @@ class Backend(ABC):
 
     # The noise `rejection_recover` consumes: "uniform" = one float64 per request (inverse CDF, cheap
     # where the vocabulary is walked serially), "exponential" = float32 (B, V) Exp(1) draws for the
-    # race argmax(w / q), which parallelises without a sync and can be drawn on a side stream.
+    # race argmax(w / q), which parallelises without a sync and can be drawn on a side stream;
+    # NOISE_PHILOX = int64 (B,) seeds from which the kernel generates that Exp(1) noise itself.
     recovery_noise: str = "exponential"
+
+    def rejection_verify(
+        self,
+        cu_num_draft_tokens: torch.Tensor,
+        token_request: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        target_logits: torch.Tensor,
+        temperature: torch.Tensor | None,
+        draft_probs: torch.Tensor | None,
+        uniform: torch.Tensor | None,
+        noise: torch.Tensor | None,
+        bonus: torch.Tensor,
+        width: int,
+        all_greedy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(output int32 (B, width), accepted int32 (B,)) of rejection sampling without top-k/top-p,
+        in one go: `temperature` per request (B,) (0 = a greedy request; None = every request at 1,
+        or every request greedy with all_greedy, when uniform and noise are unused), `noise` of kind
+        `recovery_noise`, token_request the request of each draft (N,). None where this backend
+        verifies step by step (`rejection_greedy_accept`, `rejection_random_accept`,
+        `rejection_recover`), which the caller then does. Default: None."""
+        return None
 
     def rejection_greedy_accept(
         self,

@@ -51,12 +51,23 @@ class CudaBackend(TritonTreeMixin, TritonRejectionMixin, Backend):
             bitmask = "triton (grid-stride, int view store)"
         return {
             **self._rejection_kernel_names(),
+            **self._rejection_v2_kernel_names(),
             **self._tree_kernel_names(),
             "apply_token_bitmask": bitmask,
             "random_sample": "exponential trick argmax(p / q), q ~ Exp(1) drawn ahead on a side stream, event-synchronised",
             "top_k_top_p": "torch.topk candidates when every row has top-k (max k known on the host); else, from "
             f"{CUDA_TOP_K_TOP_P_MIN_ROWS} rows, the Triton bisection kernel (no sort); else the sort-based reference",
             **self._sampling_v2_kernel_names(),
+        }
+
+    def _rejection_v2_kernel_names(self) -> dict[str, str]:
+        if not self._rejection_v2():
+            return {}
+        return {
+            "rejection_verify": "triton v2: (row, chunk) statistics in one read, greedy and random requests accepted "
+            "in one per-request pass, recovery races over the rejected rows only with Philox noise in the kernel, "
+            "the output written by the last kernel",
+            "rejection_recover": "triton v2: (request, chunk) races with Philox noise in the kernel (rejected rows only)",
         }
 
     def _sampling_v2(self) -> bool:
@@ -83,19 +94,15 @@ class CudaBackend(TritonTreeMixin, TritonRejectionMixin, Backend):
     def draw_sampling_noise(self, batch_size, vocab_size, generators) -> SamplingNoise:
         if not self._sampling_v2():
             return super().draw_sampling_noise(batch_size, vocab_size, generators)
-        from .triton.philox import SEED_HIGH
-
         with self.side_stream():
-            seeds = draw_seeds(batch_size, generators, self.device, SEED_HIGH)
+            seeds = draw_seeds(batch_size, generators, self.device)
             event = self.record_event()
         return SamplingNoise(NOISE_PHILOX, seeds, event)
 
     def _seeds(self, batch_size, generators, noise) -> torch.Tensor:
         """This call's per-row seeds: the prefetched ones (waited for on the device), or drawn now."""
         if noise is None:
-            from .triton.philox import SEED_HIGH
-
-            return draw_seeds(batch_size, generators, self.device, SEED_HIGH)
+            return draw_seeds(batch_size, generators, self.device)
         self.wait_event(noise.event)
         self.claim_on_current_stream(noise.values)
         return noise.values
@@ -120,6 +127,41 @@ class CudaBackend(TritonTreeMixin, TritonRejectionMixin, Backend):
 
     def _rejection_uses_triton(self) -> bool:
         return self._has_triton
+
+    def _rejection_v2(self) -> bool:
+        return self._has_triton and cuda_variant("rejection") == "v2"
+
+    @property
+    def recovery_noise(self) -> str:
+        return NOISE_PHILOX if self._rejection_v2() else NOISE_EXPONENTIAL
+
+    def rejection_verify(self, cu_num_draft_tokens, token_request, draft_token_ids, target_logits, temperature,
+                         draft_probs, uniform, noise, bonus, width, all_greedy):
+        if not self._rejection_v2():
+            return None
+        self.check_on_device(
+            cu_num_draft_tokens=cu_num_draft_tokens, token_request=token_request, draft_token_ids=draft_token_ids,
+            target_logits=target_logits, temperature=temperature, draft_probs=draft_probs, uniform=uniform, noise=noise,
+            bonus=bonus,
+        )
+        from .triton.rejection_v2 import verify_v2
+
+        return verify_v2(cu_num_draft_tokens, token_request, draft_token_ids, target_logits, temperature, draft_probs,
+                         uniform, noise, bonus, width, all_greedy=all_greedy, chunk=CUDA_SAMPLE_CHUNK)
+
+    def rejection_recover(self, cu_num_draft_tokens, draft_token_ids, target_logits, temperature, draft_probs,
+                          accepted, row_lse, noise, active):
+        if not self._rejection_v2():
+            return super().rejection_recover(cu_num_draft_tokens, draft_token_ids, target_logits, temperature,
+                                             draft_probs, accepted, row_lse, noise, active)
+        self.check_on_device(
+            cu_num_draft_tokens=cu_num_draft_tokens, draft_token_ids=draft_token_ids, target_logits=target_logits,
+            temperature=temperature, draft_probs=draft_probs, accepted=accepted, row_lse=row_lse, noise=noise, active=active,
+        )
+        from .triton.rejection_v2 import recover_v2
+
+        return recover_v2(cu_num_draft_tokens, draft_token_ids, target_logits, temperature, draft_probs, accepted,
+                          row_lse, noise, active, chunk=CUDA_SAMPLE_CHUNK)
 
     def _rejection_launch(self, batch_size: int, bytes_per_token: int) -> dict:
         # One program per request: enough parallelism for decode batches, and every row is read

@@ -108,7 +108,13 @@ def draw_uniforms(batch_size: int, generators: dict[int, torch.Generator] | None
 
 
 
-def draw_seeds(batch_size: int, generators: dict[int, torch.Generator] | None, device: torch.device, high: int) -> torch.Tensor:
+# Seeds of kernels that generate their noise from one seed per row (backends/triton/philox.py).
+PHILOX_SEED_HIGH = 2**62
+
+
+def draw_seeds(
+    batch_size: int, generators: dict[int, torch.Generator] | None, device: torch.device, high: int = PHILOX_SEED_HIGH
+) -> torch.Tensor:
     """int64 (B,) seeds in [0, high), one per row, for kernels that generate their noise from a
     seed; rows in `generators` draw theirs from their own generator (one draw per call)."""
     generators = generators or {}

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-SEED_HIGH = 2**62  # seeds are drawn uniformly from [0, SEED_HIGH)
+from ..sampling_rules import PHILOX_SEED_HIGH as SEED_HIGH  # noqa: F401 - seeds are uniform in [0, SEED_HIGH)
 
 
 @triton.jit
