@@ -182,3 +182,42 @@ def test_v2_chain_speculative_sampling_in_one_go(cuda):
     for r in range(2):
         n = int(emitted[r])
         assert out[r, :n].tolist() == ids[r, :n].tolist() and out[r, n] >= 0 and (out[r, n + 1 :] == -1).all()
+
+
+# The backend tests of test_rejection.py, on the interpreted CUDA backend with v2 (imported inside
+# each test, so that pytest does not collect them here a second time).
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:divide by zero:RuntimeWarning")
+@pytest.mark.parametrize("poison", ["nan", "neg_inf", "pos_inf", "nan_draft_probs", "zero_draft_probs", "huge"])
+@pytest.mark.parametrize("mode", ["greedy", "random", "random_draft_probs"])
+def test_v2_degenerate_rows_never_emit_out_of_vocab_ids(cuda, poison, mode):
+    from tests.sampling.test_rejection import test_degenerate_rows_never_emit_out_of_vocab_ids as check
+
+    check(cuda, poison, mode, "v2")
+
+
+def test_v2_behavioural_cases(cuda, monkeypatch):
+    monkeypatch.setattr(cuda_module, "CUDA_SAMPLE_CHUNK", 8192)  # one program per row: the interpreter is slow
+    from tests.sampling import test_rejection as cases
+
+    cases.test_zero_temperature_is_greedy_and_mixes_with_random(cuda, "v2")
+    cases.test_device_resident_temperature_runs_both_paths(cuda, monkeypatch, "v2")
+    cases.test_random_rejection_emits_recovered_token_and_pads(cuda, "v2")
+    cases.test_random_acceptance_of_certain_drafts(cuda, "v2")
+    for mode in ("greedy", "ngram", "draft_probs"):
+        cases.test_placeholder_drafts_are_always_rejected(cuda, mode, "v2")
+    cases.test_out_of_vocabulary_drafts_are_placeholders(cuda, "v2")
+    cases.test_requests_without_drafts_draw_nothing_from_their_generator(cuda, "v2")
+    cases.test_temperature_applies_to_target_not_draft_probs(cuda, "v2")
+    cases.test_inputs_are_not_modified(cuda, "v2")
+    cases.test_chain_speculative_sampling_flashinfer_example(cuda, "v2")
+
+
+@pytest.mark.parametrize("kind", ["all_nan", "one_nan", "all_neg_inf", "pos_inf"])
+def test_v2_rows_without_a_distribution_recover_the_fallback(cuda, kind):
+    from tests.hostile.test_hostile_sampling import (
+        test_rejection_rows_without_a_distribution_accept_and_recover_the_fallback as check,
+    )
+
+    check(cuda, kind, None, "v2")

@@ -23,6 +23,7 @@ from logitgate.backends.reference import (
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, make_generator, ops
 from logitgate.sampling.params import SAMPLING_EPS
 from tests.helpers.cuda_variants import interpreted_cuda_backend, needs_interpreter
+from tests.hostile.test_hostile_sampling import check_sampler_rows
 
 pytestmark = needs_interpreter
 
@@ -181,3 +182,23 @@ def test_philox_noise_is_exponential_and_the_race_exact(assert_distribution):
     flat = q.flatten().double()
     assert abs(float(flat.mean()) - 1) < 0.01 and abs(float(flat.var()) - 1) < 0.03
     assert float(flat.min()) > 0 and bool(torch.isfinite(flat).all())
+
+
+# The backend tests of test_sampler.py / test_sampling_ops.py / the hostile fallback check, on the
+# interpreted CUDA backend with v2 (imported inside each test, so that pytest does not collect
+# them here a second time).
+
+
+def test_v2_sampler_behavioural_cases(cuda, monkeypatch):
+    monkeypatch.setattr(cuda_module, "CUDA_SAMPLE_CHUNK", 8192)  # one program per row: the interpreter is slow
+    from tests.sampling import test_sampler, test_sampling_ops
+
+    test_sampler.test_seeded_requests_are_reproducible(cuda, "v2")
+    test_sampler.test_prefetched_noise_gives_the_same_tokens(cuda, "v2")
+    test_sampling_ops.test_prefetched_noise_equals_drawing_now(cuda, "v2")
+
+
+@settings(max_examples=8)
+@given(data=st.data())
+def test_v2_rows_without_a_distribution_give_the_fallback_token(cuda, data):
+    check_sampler_rows(cuda, data, max_rows=3, max_vocab=40)
