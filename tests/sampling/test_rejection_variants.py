@@ -63,24 +63,8 @@ def cases(draw):
 
 
 def reference_output(counts, logits, probs, drafts, bonus, temperature, uniform, q):
-    """vLLM's rejection sampler as the torch reference computes it, with the race noise q."""
-    b = len(counts)
     cu = torch.tensor(counts).cumsum(0).to(torch.int32)
-    count = torch.tensor(counts)
-    starts = cu.long() - count
-    if temperature is None:
-        accepted, correction = R.rejection_greedy_accept_reference(cu, drafts, logits, None)
-    else:
-        greedy = temperature == 0
-        token_t = temperature[torch.repeat_interleave(torch.arange(b), count)]
-        token_t = torch.where(token_t == 0, 1.0, token_t)
-        g_acc, g_corr = R.rejection_greedy_accept_reference(cu, drafts, logits, greedy)
-        r_acc, lse = R.rejection_random_accept_reference(cu, drafts, logits, token_t, probs, uniform, ~greedy)
-        needed, weights = R.recovery_weights_reference(cu, drafts, logits, token_t, probs, r_acc, lse, ~greedy)
-        r_corr = R.rejection_recover_exponential_reference(needed, weights, q)
-        accepted, correction = torch.where(greedy, g_acc, r_acc), torch.where(greedy, g_corr, r_corr)
-    final = torch.where(accepted.long() < count, correction.long(), bonus)
-    return R.rejection_output(starts, drafts, accepted, final, max(counts) + 1)
+    return R.rejection_verify_reference(cu, drafts, logits, temperature, probs, uniform, q, bonus, max(counts) + 1)
 
 
 def assert_same_up_to_rounding(out, expected, counts, logits, probs, drafts, temperature, uniform, q):

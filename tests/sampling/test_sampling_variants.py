@@ -16,9 +16,8 @@ from logitgate.backends.base import NOISE_PHILOX
 from logitgate.backends.reference import (
     apply_top_k_top_p_reference,
     exponential_race,
-    fallback_tokens,
-    undefined_logit_rows,
-    undefined_prob_rows,
+    race_sample_reference,
+    sample_from_logits_reference,
 )
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, make_generator, ops
 from logitgate.sampling.params import SAMPLING_EPS
@@ -42,14 +41,15 @@ def noise_of(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def reference_step(logits, params, q):
-    """The reference of one Sampler step for `params` with race noise q (B, V)."""
+    """The reference of one Sampler step for `params` with race noise q (B, V), and the filtered
+    probabilities it draws from."""
     t = torch.tensor([p.temperature for p in params])
     greedy = t < SAMPLING_EPS
-    x = logits / torch.where(greedy, 1.0, t).unsqueeze(1)
+    t = torch.where(greedy, 1.0, t)
     k = torch.tensor([p.top_k for p in params])
     p = torch.tensor([p.top_p for p in params])
-    probs = apply_top_k_top_p_reference(x.clone(), k, p).softmax(-1)
-    sampled = torch.where(undefined_logit_rows(x), fallback_tokens(x), exponential_race(probs, q))
+    sampled = sample_from_logits_reference(logits, t, k, p, q)
+    probs = apply_top_k_top_p_reference(logits / t.unsqueeze(1), k, p).softmax(-1)
     return torch.where(greedy, logits.argmax(-1), sampled), probs
 
 
@@ -144,8 +144,7 @@ def test_v2_random_sample_equals_the_race_and_the_fallback(cuda, seed, rows, voc
         probs *= 1e3
     noise = ops.draw_sampling_noise(rows, vocab, backend=cuda)
     q = noise_of(noise.values, vocab)
-    expected = torch.where(undefined_prob_rows(probs), fallback_tokens(probs), exponential_race(probs, q))
-    assert torch.equal(ops.random_sample(probs, backend=cuda, noise=noise), expected)
+    assert torch.equal(ops.random_sample(probs, backend=cuda, noise=noise), race_sample_reference(probs, q))
 
 
 def test_v2_noise_protocol(cuda, monkeypatch):
