@@ -158,10 +158,11 @@ def rejection_verify_reference(
     bonus: torch.Tensor,
     width: int,
 ) -> torch.Tensor:
-    """`Backend.rejection_verify`'s output (B, width) with given recovery noise q (B, V): greedy
-    requests (temperature None: all; else those at temperature 0) accept while the draft is the
-    argmax, the others are verified with `uniform` at their temperature and recover with the race
-    over q; then the accepted drafts, the correction (or the bonus), -1."""
+    """`Backend.rejection_verify`'s output (B, width) with given recovery noise: greedy requests
+    (temperature None: all; else those at temperature 0) accept while the draft is the argmax, the
+    others are verified with `uniform` at their temperature and recover with the race over q
+    (B, V), or by inverse CDF for float64 uniforms q (B,) (the CPU's noise); then the accepted
+    drafts, the correction (or the bonus), -1."""
     starts, counts, token_request = spec_layout(cu_num_draft_tokens, draft_token_ids.numel())
     if temperature is None:
         accepted, correction = rejection_greedy_accept_reference(cu_num_draft_tokens, draft_token_ids, target_logits, None)
@@ -176,7 +177,8 @@ def rejection_verify_reference(
         needed, weights = recovery_weights_reference(
             cu_num_draft_tokens, draft_token_ids, target_logits, token_t, draft_probs, r_acc, lse, ~greedy
         )
-        r_corr = rejection_recover_exponential_reference(needed, weights, q)
+        recover = rejection_recover_inverse_cdf_reference if q.dim() == 1 else rejection_recover_exponential_reference
+        r_corr = recover(needed, weights, q)
         accepted, correction = torch.where(greedy, g_acc, r_acc), torch.where(greedy, g_corr, r_corr)
     final = torch.where(accepted.to(torch.int64) < counts, correction.to(torch.int64), bonus.to(torch.int64))
     return rejection_output(starts, draft_token_ids, accepted, final, width)

@@ -69,9 +69,11 @@ def race_sample_reference(probs: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def sample_from_logits_reference(
     logits: torch.Tensor, temperature: torch.Tensor | None, k: torch.Tensor | None, p: torch.Tensor | None, q: torch.Tensor
 ) -> torch.Tensor:
-    """`Backend.sample_from_logits` with given race noise q (B, V): logits / temperature (per row,
-    None: as they are), top-k, top-p, softmax, argmax(probs / q); a row of the tempered logits
-    without a distribution gives its fallback token. int64 (B,)."""
+    """`Backend.sample_from_logits` with given noise: logits / temperature (per row, None: as they
+    are), top-k, top-p, softmax, then argmax(probs / q) for race noise q (B, V), or the inverse-CDF
+    draw for float64 uniforms q (B,) (the CPU's noise); a row of the tempered logits without a
+    distribution gives its fallback token. int64 (B,)."""
     z = tempered_logits(logits, temperature)
     probs = apply_top_k_top_p_reference(z.clone(), k, p).softmax(dim=-1)
-    return torch.where(undefined_logit_rows(z), fallback_tokens(z), exponential_race(probs, q))
+    drawn = inverse_cdf_sample_reference(probs, q) if q.dim() == 1 else exponential_race(probs, q)
+    return torch.where(undefined_logit_rows(z), fallback_tokens(z), drawn)
