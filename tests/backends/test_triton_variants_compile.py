@@ -3,23 +3,16 @@ without a GPU, for every specialisation the launchers use: the interpreter forgi
 compiler does not, and these kernels have had no GPU run yet. Compilation only; results are checked
 under the interpreter (test_bitmask_apply.py, test_sampling_variants.py, test_rejection_variants.py)."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 triton = pytest.importorskip("triton")
 try:
-    from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401 - the NVIDIA code generator is installed
-    from triton.compiler import ASTSource
 except ImportError:  # pragma: no cover - e.g. triton-ascend
     pytest.skip("this triton has no NVIDIA code generator", allow_module_level=True)
 
-ROOT = Path(__file__).resolve().parents[2]
-H100 = GPUTarget("cuda", 90, 32)
+from tests.helpers.triton_compile import compile_all, compile_in_subprocess  # noqa: E402
 
 
 def _cases():
@@ -84,31 +77,11 @@ def _cases():
                                                "CHUNKS": 16, "WIDTH": 8}, 4
 
 
-def compile_all() -> dict[str, str]:
-    """Compile every case (in a process without TRITON_INTERPRET): case id -> "ok" or the error."""
-    results = {}
-    for kernel, signature, constexprs, num_warps in _cases():
-        case = f"{kernel.__name__} {next(iter(signature.values()))} {constexprs} warps={num_warps}"
-        try:
-            source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-            compiled = triton.compile(source, target=H100, options={"num_warps": num_warps})
-            ok = ".entry " + kernel.__name__ in compiled.asm["ptx"] and bool(compiled.asm["cubin"])  # ptxas accepted it
-            results[case] = "ok" if ok else "no entry point or cubin"
-        except Exception as exc:  # noqa: BLE001 - every case is reported
-            results[case] = f"{type(exc).__name__}: {exc}"
-    return results
-
-
 def test_v2_kernels_compile_for_sm90(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)  # really compile, not a cached binary
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    results = json.loads(out.stdout)
+    results = compile_in_subprocess(__file__, tmp_path)
     assert len(results) == len(list(_cases()))
     assert {case: r for case, r in results.items() if r != "ok"} == {}
 
 
 if __name__ == "__main__":
-    print(json.dumps(compile_all(), indent=1))
+    print(json.dumps(compile_all(_cases()), indent=1))

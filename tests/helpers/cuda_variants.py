@@ -52,10 +52,25 @@ def interpreted_cuda_backend() -> InterpretedCudaBackend:
     return InterpretedCudaBackend()
 
 
+def interpreted_v2_fixture(op: str, chunk: int = 32):
+    """A fixture: the interpreted CUDA backend with `op` on v2 and `chunk`-token vocabulary chunks in
+    the v2 kernels (several per row at test sizes, so the chunk merges are exercised)."""
+
+    @pytest.fixture
+    def fixture(monkeypatch):
+        from logitgate.backends import cuda as cuda_module
+
+        monkeypatch.setenv("LOGITGATE_CUDA_KERNELS", f"{op}=v2")
+        monkeypatch.setattr(cuda_module, "CUDA_SAMPLE_CHUNK", chunk)
+        return interpreted_cuda_backend()
+
+    return fixture
+
+
 def skip_unless_cuda_variant(backend, name: str) -> None:
     """Variants other than `current` only change CUDA: skip them for other backends."""
     if name != "current" and not isinstance(backend, CudaBackend):
         pytest.skip("LOGITGATE_CUDA_KERNELS only affects the CUDA backend")
 
 
-__all__ = ["VARIANTS", "InterpretedCudaBackend", "interpreted_cuda_backend", "needs_interpreter", "selected", "skip_unless_cuda_variant"]
+__all__ = ["VARIANTS", "InterpretedCudaBackend", "interpreted_cuda_backend", "interpreted_v2_fixture", "needs_interpreter", "selected", "skip_unless_cuda_variant"]

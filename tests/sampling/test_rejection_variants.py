@@ -14,17 +14,13 @@ from logitgate.backends import cuda as cuda_module
 from logitgate.backends import reference as R
 from logitgate.backends.sampling_rules import draw_seeds
 from logitgate.sampling.rejection import chain_speculative_sampling, draw_draft_uniforms, rejection_sample
-from tests.helpers.cuda_variants import interpreted_cuda_backend, needs_interpreter
+from tests.helpers.cuda_variants import interpreted_v2_fixture, needs_interpreter
 from tests.helpers.sampling_helpers import near_decision
 
 pytestmark = needs_interpreter
 
 
-@pytest.fixture
-def cuda(monkeypatch):
-    monkeypatch.setenv("LOGITGATE_CUDA_KERNELS", "rejection=v2")
-    monkeypatch.setattr(cuda_module, "CUDA_SAMPLE_CHUNK", 32)  # several chunks per row at test sizes
-    return interpreted_cuda_backend()
+cuda = interpreted_v2_fixture("rejection")
 
 
 def philox_noise(seeds, vocab):

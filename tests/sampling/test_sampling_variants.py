@@ -21,17 +21,13 @@ from logitgate.backends.reference import (
 )
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, make_generator, ops
 from logitgate.sampling.params import SAMPLING_EPS
-from tests.helpers.cuda_variants import interpreted_cuda_backend, needs_interpreter
+from tests.helpers.cuda_variants import interpreted_v2_fixture, needs_interpreter
 from tests.hostile.test_hostile_sampling import check_sampler_rows
 
 pytestmark = needs_interpreter
 
 
-@pytest.fixture
-def cuda(monkeypatch):
-    monkeypatch.setenv("LOGITGATE_CUDA_KERNELS", "sampling=v2")
-    monkeypatch.setattr(cuda_module, "CUDA_SAMPLE_CHUNK", 32)  # several chunks per row at test sizes
-    return interpreted_cuda_backend()
+cuda = interpreted_v2_fixture("sampling")
 
 
 def noise_of(seeds: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -263,22 +263,40 @@ def _warps(chunk: int) -> int:
     return 8 if chunk >= 4096 else 4
 
 
+def _inputs(draft_token_ids, target_logits, draft_probs, chunk: int):
+    """(logits, draft probs, drafts, vocab, chunk, chunks, chunks' power of two) as the kernels read them."""
+    logits, probs = _rows(target_logits), _rows(draft_probs)
+    vocab = logits.shape[-1]
+    return (logits, probs, draft_token_ids.contiguous(), vocab, *_chunks(vocab, chunk))
+
+
+def _recover_partials(cu, drafts, logits, temp, token_request, probs, accepted, lse, random, seeds, *,
+                      has_temperature: bool, has_random: bool, chunk: int, num_chunks: int) -> torch.Tensor:
+    """Phase 3 over (request, chunk): the partial races of every request that recovers."""
+    batch = cu.numel()
+    part = torch.empty((batch, num_chunks, _P_FIELDS.value), dtype=torch.int32, device=logits.device)
+    _recover_partial_kernel[(batch, num_chunks)](
+        cu, drafts, logits, temp, token_request, probs if probs is not None else logits, accepted, lse, random, seeds,
+        part, logits.shape[-1], logits.stride(0), probs.stride(0) if probs is not None else 0, num_chunks,
+        HAS_TEMPERATURE=has_temperature, HAS_DRAFT_PROBS=probs is not None, HAS_RANDOM=has_random, CHUNK=chunk,
+        num_warps=_warps(chunk),
+    )
+    return part
+
+
 def verify_v2(
     cu, token_request, draft_token_ids, target_logits, temperature, draft_probs, uniform, seeds, bonus, width,
     *, all_greedy: bool, chunk: int,
 ):
     """(output int32 (B, width), accepted int32 (B,)): greedy and random verification, recovery and
     the output in four launches. temperature: per request (B,) float32, 0 = greedy (None: every
-    request at temperature 1, or all greedy with all_greedy)."""
+    request at temperature 1, or all greedy with all_greedy). Pointers a specialisation never
+    reads are given the logits."""
     batch = cu.numel()
     dev = target_logits.device
-    logits, probs = _rows(target_logits), _rows(draft_probs)
-    drafts = draft_token_ids.contiguous()
-    vocab = logits.shape[-1]
-    chunk, num_chunks, chunks_p2 = _chunks(vocab, chunk)
+    logits, probs, drafts, vocab, chunk, num_chunks, chunks_p2 = _inputs(draft_token_ids, target_logits, draft_probs, chunk)
     has_t = temperature is not None and not all_greedy
     temp = temperature.contiguous() if has_t else cu
-    dummy = torch.empty(1, dtype=torch.float32, device=dev)
     stats = torch.empty((logits.shape[0], num_chunks, _S_FIELDS.value), dtype=torch.int32, device=dev)
     _row_stats_kernel[(logits.shape[0], num_chunks)](
         logits, temp, token_request, stats, vocab, logits.stride(0), num_chunks,
@@ -288,19 +306,15 @@ def verify_v2(
     accepted, correction, random = req[0], req[2], req[3]
     lse = req[1].view(torch.float32)
     _accept_kernel[(batch,)](
-        stats, cu, drafts, logits, temp, token_request, probs if probs is not None else dummy,
-        uniform if uniform is not None else dummy, accepted, lse, correction, random,
+        stats, cu, drafts, logits, temp, token_request, probs if probs is not None else logits,
+        uniform if uniform is not None else logits, accepted, lse, correction, random,
         vocab, logits.stride(0), probs.stride(0) if probs is not None else 0, num_chunks,
         ALL_GREEDY=all_greedy, HAS_TEMPERATURE=has_t, HAS_DRAFT_PROBS=probs is not None, CHUNKS=chunks_p2,
     )
-    part = torch.empty((batch, num_chunks, _P_FIELDS.value), dtype=torch.int32, device=dev)
+    part = stats  # never read when every request is greedy
     if not all_greedy:
-        _recover_partial_kernel[(batch, num_chunks)](
-            cu, drafts, logits, temp, token_request, probs if probs is not None else dummy, accepted, lse, random,
-            seeds, part, vocab, logits.stride(0), probs.stride(0) if probs is not None else 0, num_chunks,
-            HAS_TEMPERATURE=has_t, HAS_DRAFT_PROBS=probs is not None, HAS_RANDOM=True, CHUNK=chunk,
-            num_warps=_warps(chunk),
-        )
+        part = _recover_partials(cu, drafts, logits, temp, token_request, probs, accepted, lse, random, seeds,
+                                 has_temperature=has_t, has_random=True, chunk=chunk, num_chunks=num_chunks)
     out = torch.empty((batch, width), dtype=torch.int32, device=dev)
     _recover_merge_kernel[(batch,)](
         cu, drafts, bonus, accepted, lse, random, correction, part, out, num_chunks, vocab, width,
@@ -316,25 +330,16 @@ def recover_v2(
     """int32 (B,): `rejection_recover` with the noise of `seeds` (per request): temperature per
     row (N,) or None; 0 where nothing is recovered (inactive, or every draft accepted)."""
     batch = cu.numel()
-    dev = target_logits.device
-    logits, probs = _rows(target_logits), _rows(draft_probs)
-    drafts = draft_token_ids.contiguous()
-    vocab = logits.shape[-1]
-    chunk, num_chunks, chunks_p2 = _chunks(vocab, chunk)
-    rows = torch.arange(logits.shape[0], device=dev) if temperature is not None else cu  # row i's temperature is temperature[i]
-    temp = temperature.contiguous() if temperature is not None else cu
+    logits, probs, drafts, vocab, chunk, num_chunks, chunks_p2 = _inputs(draft_token_ids, target_logits, draft_probs, chunk)
+    has_t = temperature is not None
+    rows = torch.arange(logits.shape[0], device=logits.device) if has_t else cu  # row i's temperature is temperature[i]
+    temp = temperature.contiguous() if has_t else cu
     random = active.to(torch.int32) if active is not None else cu
     accepted = accepted.to(torch.int32).contiguous()
     row_lse = row_lse.to(torch.float32).contiguous()
-    part = torch.empty((batch, num_chunks, _P_FIELDS.value), dtype=torch.int32, device=dev)
-    dummy = torch.empty(1, dtype=torch.float32, device=dev)
-    _recover_partial_kernel[(batch, num_chunks)](
-        cu, drafts, logits, temp, rows, probs if probs is not None else dummy, accepted, row_lse, random, seeds, part,
-        vocab, logits.stride(0), probs.stride(0) if probs is not None else 0, num_chunks,
-        HAS_TEMPERATURE=temperature is not None, HAS_DRAFT_PROBS=probs is not None, HAS_RANDOM=active is not None,
-        CHUNK=chunk, num_warps=_warps(chunk),
-    )
-    out = torch.empty(batch, dtype=torch.int32, device=dev)
+    part = _recover_partials(cu, drafts, logits, temp, rows, probs, accepted, row_lse, random, seeds,
+                             has_temperature=has_t, has_random=active is not None, chunk=chunk, num_chunks=num_chunks)
+    out = torch.empty(batch, dtype=torch.int32, device=logits.device)
     _recover_merge_kernel[(batch,)](
         cu, drafts, cu, accepted, row_lse, random, cu, part, out, num_chunks, vocab, 1,
         HAS_RANDOM=active is not None, HAS_CORRECTION=False, WRITE_OUTPUT=False, CHUNKS=chunks_p2, WIDTH=2,
