@@ -197,3 +197,14 @@ def test_v2_sampler_behavioural_cases(cuda, monkeypatch):
 @given(data=st.data())
 def test_v2_rows_without_a_distribution_give_the_fallback_token(cuda, data):
     check_sampler_rows(cuda, data, max_rows=3, max_vocab=40)
+
+
+def test_v2_signed_zeros_tie_at_the_top_k_cut(cuda):
+    """-0.0 == 0.0: a top-k cut at zero keeps both (their bits would order -0.0 below 0.0)."""
+    logits = torch.tensor([[0.0, -0.0, -0.0, 0.0, -0.0, -1.0], [-0.0, -0.0, 0.0, -2.0, -0.0, -0.0]])
+    params = [SamplingParams(temperature=1.0, top_k=1), SamplingParams(temperature=1.0, top_k=2, top_p=0.5)]
+    for _ in range(4):
+        metadata = SamplingMetadata.from_params(params)
+        metadata.prefetch_noise(*logits.shape, backend=cuda)
+        expected, _ = reference_step(logits, params, noise_of(metadata.noise.values, logits.shape[1]))
+        assert torch.equal(Sampler(backend=cuda)(logits.clone(), metadata).sampled_token_ids[:, 0].long(), expected)

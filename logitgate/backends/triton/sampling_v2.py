@@ -145,6 +145,7 @@ def _chunk_candidates_kernel(
     x = tl.load(logits_ptr + row.to(tl.int64) * logits_stride + offs, mask=inside, other=0.0).to(tl.float32)
     x = _tempered(x, temperature_ptr, row, HAS_TEMPERATURE)
     clean, cmax, cidx, has_nan = _clean_max(x, offs, inside)  # a NaN counts as -inf here
+    clean = tl.where(clean == 0.0, 0.0, clean)  # -0.0 == 0.0, but its bits would order below
     key = _ordered_key(clean.to(tl.int32, bitcast=True))
     # The chunk's `want`-th largest key (want = min(top, lanes inside)): the largest t with
     # count(key >= t) >= want, by bisection over the 2^32 keys.
@@ -270,6 +271,7 @@ def _merge_sample_kernel(
             inside = offs < vocab_size
             v = tl.load(logits_ptr + row.to(tl.int64) * logits_stride + offs, mask=inside, other=0.0).to(tl.float32)
             v = _tempered(v, temperature_ptr, row, HAS_TEMPERATURE)
+            v = tl.where(v == 0.0, 0.0, v)  # as phase 1: -0.0 keyed as 0.0
             pv = tl.exp(v - row_max) / total
             ok_v = inside & (v == v) & (_ordered_key(v.to(tl.int32, bitcast=True)) >= cut_key) & (pv >= floor)
             tile_best, tile_token = _first_max(tl.where(ok_v, pv / exponential_noise(seed, offs), -1.0), offs)
