@@ -1,23 +1,24 @@
 """Every environment variable logitgate reads, in one table.
 
-    variable                            type             default                      meaning
-    LOGITGATE_DEVICE                    device name      best found (cuda, npu, cpu)  the backend used when none is given (cpu, cuda, npu, npu-emulated, npu-emulated-triton)
-    LOGITGATE_THREADS                   int >= 1         idle cores (cores - load)    CPU kernel threads (numba, torch)
-    LOGITGATE_CACHE                     path             ~/.cache/logitgate           cache of tokenizer vocabularies, test GGUF models and the json_writer model
-    LOGITGATE_XGRAMMAR_CACHE_MB         int MB, -1       512                          bound of xgrammar's compiled-grammar cache (-1: unbounded)
-    LOGITGATE_TREE_MAX_BYTES            int >= 1         134217728 (128 MiB)          JSON text of one tree
-    LOGITGATE_TREE_MAX_NODES            int >= 1         16777216                     nodes of one tree: the root, and a node per token of a sequence or per key of a prefix dict
-    LOGITGATE_TREE_MAX_DEPTH            int >= 1         65536                        tokens along one path of a tree
-    LOGITGATE_TREE_CACHE_BYTES          int >= 0         268435456 (256 MiB)          bytes of compiled trees kept for reuse (0: none)
-    LOGITGATE_TREE_SPARSE_MAX_FRACTION  float [0, 1]     0.5                          rows allowing more of the vocabulary are sampled densely
-    LOGITGATE_TREE_DIR                  path             unset (no named trees)       directory of the tree files requests may name (vLLM)
-    LOGITGATE_TREE_DECODE_CONFIG        path             unset (no server tree)       prefix-dict file applied to every request without a tree (vLLM)
-    LOGITGATE_VLLM_OPS                  comma list       all                          what the vLLM plugin takes over: bitmask, sampler, rejection, fill, sample_first, tree; none
-    LOGITGATE_VLLM_DEVICES              comma list       cpu                          device types whose vLLM calls run on logitgate's kernels (cpu, cuda, npu)
-    LOGITGATE_VLLM_SEEDED               vllm, logitgate  vllm                         who draws seeded rows and fp64-Gumbel calls in vLLM (vllm: the tokens vLLM gives per seed)
-    LOGITGATE_VLLM_METRICS_DIR          path             set by the plugin            where a vLLM server's processes leave logitgate's counters for /metrics (not for operators)
-    LOGITGATE_VLLM_PYTHON               path             this interpreter             scripts/bench_vllm.py: the interpreter with a vLLM engine
-    LOGITGATE_GPU_SITE                  path             set by the script            scripts/gpu_check.py: its package directory, for its child processes
+    variable                            type                      default                      meaning
+    LOGITGATE_DEVICE                    device name               best found (cuda, npu, cpu)  the backend used when none is given (cpu, cuda, npu, npu-emulated, npu-emulated-triton)
+    LOGITGATE_THREADS                   int >= 1                  idle cores (cores - load)    CPU kernel threads (numba, torch)
+    LOGITGATE_CACHE                     path                      ~/.cache/logitgate           cache of tokenizer vocabularies, test GGUF models and the json_writer model
+    LOGITGATE_XGRAMMAR_CACHE_MB         int MB, -1                512                          bound of xgrammar's compiled-grammar cache (-1: unbounded)
+    LOGITGATE_TREE_MAX_BYTES            int >= 1                  134217728 (128 MiB)          JSON text of one tree
+    LOGITGATE_TREE_MAX_NODES            int >= 1                  16777216                     nodes of one tree: the root, and a node per token of a sequence or per key of a prefix dict
+    LOGITGATE_TREE_MAX_DEPTH            int >= 1                  65536                        tokens along one path of a tree
+    LOGITGATE_TREE_CACHE_BYTES          int >= 0                  268435456 (256 MiB)          bytes of compiled trees kept for reuse (0: none)
+    LOGITGATE_TREE_SPARSE_MAX_FRACTION  float [0, 1]              0.5                          rows allowing more of the vocabulary are sampled densely
+    LOGITGATE_TREE_DIR                  path                      unset (no named trees)       directory of the tree files requests may name (vLLM)
+    LOGITGATE_TREE_DECODE_CONFIG        path                      unset (no server tree)       prefix-dict file applied to every request without a tree (vLLM)
+    LOGITGATE_VLLM_OPS                  comma list                all                          what the vLLM plugin takes over: bitmask, sampler, rejection, fill, sample_first, tree; none
+    LOGITGATE_VLLM_DEVICES              comma list                cpu                          device types whose vLLM calls run on logitgate's kernels (cpu, cuda, npu)
+    LOGITGATE_VLLM_SEEDED               vllm, logitgate           vllm                         who draws seeded rows and fp64-Gumbel calls in vLLM (vllm: the tokens vLLM gives per seed)
+    LOGITGATE_VLLM_METRICS_DIR          path                      set by the plugin            where a vLLM server's processes leave logitgate's counters for /metrics (not for operators)
+    LOGITGATE_CUDA_KERNELS              variant, op=variant list  current                      CUDA kernel variant per op: current or v2, for all (v2) or per op (bitmask=v2,sampling=current,rejection=v2)
+    LOGITGATE_VLLM_PYTHON               path                      this interpreter             scripts/bench_vllm.py: the interpreter with a vLLM engine
+    LOGITGATE_GPU_SITE                  path                      set by the script            scripts/gpu_check.py: its package directory, for its child processes
 
 Each variable is read when it is used, never cached at import (the vLLM settings are parsed once
 per distinct value), so setting one takes effect at the next call. Malformed values are refused by
@@ -85,6 +86,9 @@ VARIABLES: dict[str, Variable] = _declare(
     Variable("LOGITGATE_VLLM_METRICS_DIR", "path", "set by the plugin",
              "where a vLLM server's processes leave logitgate's counters for /metrics (not for operators)",
              "logitgate.integrations.vllm.metrics"),
+    Variable("LOGITGATE_CUDA_KERNELS", "variant, op=variant list", "current",
+             "CUDA kernel variant per op: current or v2, for all (v2) or per op (bitmask=v2,sampling=current,rejection=v2)",
+             "logitgate.backends.variants"),
     Variable("LOGITGATE_VLLM_PYTHON", "path", "this interpreter",
              "scripts/bench_vllm.py: the interpreter with a vLLM engine", "scripts/bench_vllm.py"),
     Variable("LOGITGATE_GPU_SITE", "path", "set by the script",

@@ -63,6 +63,7 @@ GOAL_FLOOR_RATIO = 1.5
 SHAPES = {
     "cuda": {
         "bitmask": [(64, 128256), (256, 151936)],
+        "bitmask_grammar": (64, 128256),
         "sampling": (64, 128256),
         "rejection": (64, 4, 128256),
         "tree": (64, 128256, 20000),
@@ -70,6 +71,7 @@ SHAPES = {
     },
     "cpu": {  # the dry run: small enough for a CI test
         "bitmask": [(4, 4096), (8, 8192)],
+        "bitmask_grammar": (4, 8192),
         "sampling": (8, 8192),
         "rejection": (4, 4, 4096),
         "tree": (8, 8192, 500),
@@ -226,6 +228,30 @@ def timed(fns: dict[str, Any], timer: Timer, repeats: int) -> dict[str, Any]:
     return round_robin(fns, repeats, timer=timer)
 
 
+def in_variant(op: str, variant: str, fn):
+    """fn (or (setup, fn)) run with LOGITGATE_CUDA_KERNELS selecting `variant` for `op` (the
+    variable is read at every call, so variants interleave in one process under the same timer)."""
+    from logitgate.backends.variants import selected
+
+    setup, run = fn if isinstance(fn, tuple) else (None, fn)
+
+    def selected_run():
+        with selected(op, variant):
+            return run()
+
+    return (setup, selected_run) if setup else selected_run
+
+
+def variant_summary(runs: dict, correct: dict | None = None) -> dict[str, Any]:
+    """current vs v2 from interleaved runs named "logitgate" (current) and "logitgate_v2"."""
+    current, v2 = runs["logitgate"].median, runs["logitgate_v2"].median
+    summary = {"current_us": current * 1e6, "v2_us": v2 * 1e6, "speedup_v2": current / v2,
+               "faster": "v2" if v2 < current else "current"}
+    if correct is not None:
+        summary["correct"] = {"current": correct.get("logitgate"), "v2": correct.get("logitgate_v2")}
+    return summary
+
+
 def _us(timing) -> dict[str, float]:
     return {"us": timing.median * 1e6, "us_min": min(timing.runs) * 1e6, "us_max": max(timing.runs) * 1e6,
             "spread": timing.spread}
@@ -276,16 +302,25 @@ def decode_step_parts(backend, shapes: dict) -> dict[str, Callable[[], Any]]:
         metadata.prefetch_noise(batch, vocab, backend=backend)
         return sampler(logits, metadata).sampled_token_ids
 
+    def apply():
+        logitgate.apply_token_bitmask_inplace(logits, bitmask, backend=backend)
+
+    def reject():
+        return rejection_sample(drafts, counts, target, bonus, draft_probs=draft_probs, temperature=temperature, backend=backend)
+
     return {
         "tree advance": advance,
         "tree fill_bitmask": lambda: tree.fill_bitmask(state["states"], bitmask),
-        "apply_token_bitmask": lambda: logitgate.apply_token_bitmask_inplace(logits, bitmask, backend=backend),
+        "apply_token_bitmask": apply,
         "tree candidates": lambda: tree.candidates(state["states"]),
         "tree gather candidates (sparse layout)": lambda: backend.gather_candidate_logits(logits, CandidateRows(*tree_args, width)),
         "tree keep only allowed": lambda: backend.keep_candidate_logits(kept, CandidateRows(*tree_args, width)),
         "Sampler (noise prefetched on the side stream, top-k/top-p, draw)": sample,
-        "rejection_sample (B=%d, k=%d, draft probs)" % (rb, k): lambda: rejection_sample(
-            drafts, counts, target, bonus, draft_probs=draft_probs, temperature=temperature, backend=backend),
+        "rejection_sample (B=%d, k=%d, draft probs)" % (rb, k): reject,
+        # The v2 CUDA kernels (LOGITGATE_CUDA_KERNELS) must not synchronise either.
+        "apply_token_bitmask, v2": in_variant("bitmask", "v2", apply),
+        "Sampler, v2 (Philox seeds prefetched, one-go top-k/top-p/draw)": in_variant("sampling", "v2", sample),
+        "rejection_sample, v2": in_variant("rejection", "v2", reject),
     }
 
 
@@ -357,65 +392,107 @@ def overlap_check(backend, shapes: dict) -> dict[str, Any]:
 # ---- 3. benchmarks ----------------------------------------------------------------------------------
 
 
+def grammar_like_mask(batch: int, vocab: int, generator):
+    """A bitmask as grammars make them: half the rows allow a few scattered tokens (a JSON key, a
+    digit), half allow all but a few (inside a string), so most tiles are uniform."""
+    import torch
+
+    from logitgate.backends.reference import pack_bitmask
+
+    dev = generator.device
+    allowed = torch.rand(batch, vocab, device=dev, generator=generator)
+    rows = torch.arange(batch, device=dev).unsqueeze(1)
+    return pack_bitmask(torch.where(rows % 2 == 0, allowed < 0.001, allowed > 0.001))
+
+
 def bench_bitmask(backend, shapes, timer: Timer, repeats: int, progress) -> list[dict]:
     import torch
 
+    from logitgate.backends.reference import pack_bitmask
+
+    rows = []
+    dev = backend.device
+    cases = [(batch, vocab, dtype, "50% allowed, random") for batch, vocab in shapes["bitmask"]
+             for dtype in (torch.float32, torch.bfloat16)]
+    cases.append((*shapes["bitmask_grammar"], torch.float32, "grammar-like: rows allow 0.1% or 99.9%"))
+    for batch, vocab, dtype, mask in cases:
+        dname = str(dtype).removeprefix("torch.")
+        progress.step(f"bitmask apply {batch}x{vocab} {dname}, {mask}")
+        g = torch.Generator(device=dev).manual_seed(batch)
+        source = torch.randn(batch, vocab, device=dev, generator=g).to(dtype)
+        if mask.startswith("grammar"):
+            bitmask = grammar_like_mask(batch, vocab, g)
+        else:
+            bitmask = pack_bitmask(torch.rand(batch, vocab, device=dev, generator=g) < 0.5)
+        rows.append(bench_bitmask_case(backend, timer, repeats, source, bitmask, mask))
+    return rows
+
+
+def bench_bitmask_case(backend, timer: Timer, repeats: int, source, bitmask, mask: str) -> dict:
+    """One shape, dtype and mask: copy, logitgate (each CUDA variant), torch masked_fill, xgrammar."""
+    import torch
+
     import logitgate
-    from logitgate.backends.reference import apply_token_bitmask_reference, pack_bitmask
+    from logitgate.backends.reference import apply_token_bitmask_reference
 
     try:
         import xgrammar
     except ImportError:
         xgrammar = None
-    rows = []
-    dev = backend.device
-    for batch, vocab in shapes["bitmask"]:
-        for dtype in (torch.float32, torch.bfloat16):
-            dname = str(dtype).removeprefix("torch.")
-            progress.step(f"bitmask apply {batch}x{vocab} {dname}")
-            g = torch.Generator(device=dev).manual_seed(batch)
-            source = torch.randn(batch, vocab, device=dev, generator=g).to(dtype)
-            logits = source.clone()
-            bitmask = pack_bitmask(torch.rand(batch, vocab, device=dev, generator=g) < 0.5)
-            expected = source.clone()
-            apply_token_bitmask_reference(expected, bitmask, None, vocab)
-            fns: dict[str, Any] = {
-                "copy": lambda: logits.copy_(source),
-                "logitgate": lambda: logitgate.apply_token_bitmask_inplace(logits, bitmask, backend=backend),
-                "torch_masked_fill": lambda: apply_token_bitmask_reference(logits, bitmask, None, vocab),
-            }
-            if xgrammar is not None:
-                fns["xgrammar"] = lambda: xgrammar.apply_token_bitmask_inplace(logits, bitmask)
-            correct, failed = {}, {}
-            for name, fn in list(fns.items()):
-                if name == "copy":
-                    continue
-                logits.copy_(source)
-                try:
-                    fn()
-                except Exception as exc:  # noqa: BLE001 - e.g. a baseline without this dtype: drop it, say why
-                    failed[name] = f"{type(exc).__name__}: {exc}"
-                    del fns[name]
-                    continue
-                correct[name] = bool(torch.equal(logits, expected))
-            if "logitgate" in failed:
-                raise RuntimeError(f"logitgate's bitmask apply failed at {batch}x{vocab} {dname}: {failed['logitgate']}")
-            runs = timed(fns, timer, repeats)
-            logit_bytes = source.numel() * source.element_size()
-            mask_bytes = bitmask.numel() * 4
-            copy_gbps = 2 * logit_bytes / runs["copy"].median / 1e9
-            row = {"shape": f"{batch}x{vocab}", "dtype": dname, "allowed": 0.5, "copy_gbps": copy_gbps, "correct": correct,
-                   "failed": failed, "impl": {}}
-            for name, timing in runs.items():
-                gbps = (logit_bytes + mask_bytes) / timing.median / 1e9 if name != "copy" else copy_gbps
-                row["impl"][name] = {**_us(timing), "gbps": gbps, "fraction_of_copy": gbps / copy_gbps}
-            lg = row["impl"]["logitgate"]
-            row["speedup_vs_torch_masked_fill"] = runs["torch_masked_fill"].median / runs["logitgate"].median
-            if "xgrammar" in runs:
-                row["speedup_vs_xgrammar"] = runs["xgrammar"].median / runs["logitgate"].median
-            row["goal_met"] = lg["fraction_of_copy"] >= GOAL_COPY_FRACTION and row.get("speedup_vs_xgrammar", 1.0) >= 1.0
-            rows.append(row)
-    return rows
+    batch, vocab = source.shape
+    dname = str(source.dtype).removeprefix("torch.")
+    logits = source.clone()
+    expected = source.clone()
+    apply_token_bitmask_reference(expected, bitmask, None, vocab)
+
+    def apply():
+        logitgate.apply_token_bitmask_inplace(logits, bitmask, backend=backend)
+
+    fns: dict[str, Any] = {
+        "copy": lambda: logits.copy_(source),
+        "logitgate": in_variant("bitmask", "current", apply),
+        "logitgate_v2": in_variant("bitmask", "v2", apply),
+        "torch_masked_fill": lambda: apply_token_bitmask_reference(logits, bitmask, None, vocab),
+    }
+    if xgrammar is not None:
+        fns["xgrammar"] = lambda: xgrammar.apply_token_bitmask_inplace(logits, bitmask)
+    correct, failed = {}, {}
+    for name, fn in list(fns.items()):
+        if name == "copy":
+            continue
+        logits.copy_(source)
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - e.g. a baseline without this dtype: drop it, say why
+            failed[name] = f"{type(exc).__name__}: {exc}"
+            del fns[name]
+            continue
+        correct[name] = bool(torch.equal(logits, expected))
+    for name in ("logitgate", "logitgate_v2"):
+        if name in failed:
+            raise RuntimeError(f"logitgate's bitmask apply ({name}) failed at {batch}x{vocab} {dname}: {failed[name]}")
+    runs = timed(fns, timer, repeats)
+    logit_bytes = source.numel() * source.element_size()
+    mask_bytes = bitmask.numel() * 4
+    copy_gbps = 2 * logit_bytes / runs["copy"].median / 1e9
+    row = {"shape": f"{batch}x{vocab}", "dtype": dname, "mask": mask, "copy_gbps": copy_gbps, "correct": correct,
+           "failed": failed, "impl": {}}
+    for name, timing in runs.items():
+        gbps = (logit_bytes + mask_bytes) / timing.median / 1e9 if name != "copy" else copy_gbps
+        row["impl"][name] = {**_us(timing), "gbps": gbps, "fraction_of_copy": gbps / copy_gbps}
+    best = min(("logitgate", "logitgate_v2"), key=lambda name: runs[name].median)
+    row["speedup_vs_torch_masked_fill"] = runs["torch_masked_fill"].median / runs[best].median
+    if "xgrammar" in runs:
+        row["speedup_vs_xgrammar"] = runs["xgrammar"].median / runs[best].median
+    row["variants"] = variant_summary(runs, correct)
+    row["goal_met"] = row["impl"][best]["fraction_of_copy"] >= GOAL_COPY_FRACTION and row.get("speedup_vs_xgrammar", 1.0) >= 1.0
+    return row
+
+
+SAMPLING_CASES = {  # case -> (top_k, top_p) of every row, temperature 1
+    "temperature 1, top_k 50, top_p 0.9, random": (50, 0.9),
+    "temperature 1, top_p 0.9, random": (0, 0.9),
+}
 
 
 def bench_sampling(backend, shapes, timer: Timer, repeats: int, progress) -> list[dict]:
@@ -427,33 +504,68 @@ def bench_sampling(backend, shapes, timer: Timer, repeats: int, progress) -> lis
 
     batch, vocab = shapes["sampling"]
     dev = backend.device
-    progress.step(f"top-k 50 / top-p 0.9 + random sampling {batch}x{vocab}")
-    g = torch.Generator(device=dev).manual_seed(1)
-    source = torch.randn(batch, vocab, device=dev, generator=g) * 3
-    logits = source.clone()
-    metadata = SamplingMetadata.from_params([SamplingParams(temperature=1.0, top_k=50, top_p=0.9)] * batch, device=dev)
-    sampler = Sampler(backend=backend)
-    k, p = metadata.top_k, metadata.top_p
+    rows = []
+    for case, (top_k, top_p) in SAMPLING_CASES.items():
+        progress.step(f"sampling {batch}x{vocab}: {case}")
+        g = torch.Generator(device=dev).manual_seed(1)
+        source = torch.randn(batch, vocab, device=dev, generator=g) * 3
+        logits = source.clone()
+        params = [SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p)] * batch
+        metadata = SamplingMetadata.from_params(params, device=dev)
+        sampler = Sampler(backend=backend)
+        k, p = metadata.top_k, metadata.top_p
 
-    def restore():
-        logits.copy_(source)
+        def restore():
+            logits.copy_(source)
 
-    def ours():
-        metadata.prefetch_noise(batch, vocab, backend=backend)  # as an engine does before the forward pass
-        return sampler(logits, metadata).sampled_token_ids
+        def ours():
+            metadata.prefetch_noise(batch, vocab, backend=backend)  # as an engine does before the forward pass
+            return sampler(logits, metadata).sampled_token_ids
 
-    def sort_reference():
-        probs = apply_top_k_top_p_reference(logits, k, p).softmax(dim=-1)
-        return exponential_race(probs, torch.empty_like(probs).exponential_())
+        def sort_reference():
+            probs = apply_top_k_top_p_reference(logits, k, p).softmax(dim=-1)
+            return exponential_race(probs, torch.empty_like(probs).exponential_())
 
-    fns = {
-        "one_read_floor": lambda: source.amax(dim=-1),
-        "logitgate": (restore, ours),
-        "vllm_torch": (restore, lambda: vllm_top_k_top_p_sample(logits, k, p)),
-        "sort_reference": (restore, sort_reference),
-    }
-    runs = timed(fns, timer, repeats)
-    return [_floor_row("temperature 1, top_k 50, top_p 0.9, random", f"{batch}x{vocab}", runs)]
+        fns = {
+            "one_read_floor": lambda: source.amax(dim=-1),
+            "logitgate": in_variant("sampling", "current", (restore, ours)),
+            "logitgate_v2": in_variant("sampling", "v2", (restore, ours)),
+            "vllm_torch": (restore, lambda: vllm_top_k_top_p_sample(logits, k, p)),
+            "sort_reference": (restore, sort_reference),
+        }
+        runs = timed(fns, timer, repeats)
+        correct = {name: sampler_equals_reference(backend, source, params, variant)
+                   for name, variant in (("logitgate", "current"), ("logitgate_v2", "v2"))}
+        row = _floor_row(case, f"{batch}x{vocab}", runs)
+        row["correct"] = {name: c["equal"] == c["rows"] for name, c in correct.items()}
+        row["tokens_equal_to_reference"] = correct
+        row["variants"] = variant_summary(runs, row["correct"])
+        rows.append(row)
+    return rows
+
+
+def sampler_equals_reference(backend, logits, params, variant: str) -> dict[str, int]:
+    """Rows of one Sampler step (this variant, noise prefetched) whose token is the reference's
+    draw with the same noise (the (B, V) Exp(1) tensor, or the Philox noise of v2's seeds)."""
+
+    from logitgate.backends.base import NOISE_PHILOX
+    from logitgate.backends.reference import sample_from_logits_reference
+    from logitgate.backends.variants import selected
+    from logitgate.sampling import Sampler, SamplingMetadata
+
+    batch, vocab = logits.shape
+    with selected("sampling", variant):
+        metadata = SamplingMetadata.from_params(params, device=logits.device)
+        metadata.prefetch_noise(batch, vocab, backend=backend)
+        noise = metadata.noise
+        tokens = Sampler(backend=backend)(logits.clone(), metadata).sampled_token_ids[:, 0].long()
+    q = noise.values
+    if noise.kind == NOISE_PHILOX:
+        from logitgate.backends.triton.philox import philox_exponential_triton
+
+        q = philox_exponential_triton(q, vocab)
+    expected = sample_from_logits_reference(logits, metadata.temperature, metadata.top_k, metadata.top_p, q)
+    return {"rows": batch, "equal": int((tokens == expected).sum())}
 
 
 def bench_rejection(backend, shapes, timer: Timer, repeats: int, progress) -> list[dict]:
@@ -472,14 +584,53 @@ def bench_rejection(backend, shapes, timer: Timer, repeats: int, progress) -> li
     bonus = torch.randint(0, vocab, (batch,), device=dev, generator=g)
     temperature = torch.ones(batch, device=dev)
     counts = [k] * batch
+
+    def ours():
+        return rejection_sample(drafts, counts, target, bonus, draft_probs=draft_probs, temperature=temperature, backend=backend)
+
     fns = {
         "one_read_floor": lambda: target.amax(dim=-1),
-        "logitgate": lambda: rejection_sample(drafts, counts, target, bonus, draft_probs=draft_probs,
-                                              temperature=temperature, backend=backend),
+        "logitgate": in_variant("rejection", "current", ours),
+        "logitgate_v2": in_variant("rejection", "v2", ours),
         "vllm_torch": lambda: vllm_torch(drafts, target, bonus, draft_probs, temperature),
     }
     runs = timed(fns, timer, repeats)
-    return [_floor_row("random, draft probs (a perturbed copy of the target)", f"B={batch} k={k} V={vocab}", runs)]
+    row = _floor_row("random, draft probs (a perturbed copy of the target)", f"B={batch} k={k} V={vocab}", runs)
+    check = {name: rejection_equals_reference(backend, drafts, counts, target, bonus, draft_probs, temperature, variant)
+             for name, variant in (("logitgate", "current"), ("logitgate_v2", "v2"))}
+    row["correct"] = {name: c["equal"] == c["requests"] for name, c in check.items()}
+    row["requests_equal_to_reference"] = check
+    row["variants"] = variant_summary(runs, row["correct"])
+    return [row]
+
+
+def rejection_equals_reference(backend, drafts, counts, target, bonus, draft_probs, temperature, variant: str) -> dict[str, int]:
+    """Requests whose output row is the reference's with the same random numbers: the call is
+    replayed from one seed (the uniforms, then the recovery noise: (B, V) Exp(1) or v2's seeds)."""
+    import torch
+
+    from logitgate.backends.reference import draw_seeds, rejection_verify_reference
+    from logitgate.backends.variants import selected
+    from logitgate.sampling.rejection import rejection_sample
+
+    dev = target.device
+    with selected("rejection", variant):
+        torch.manual_seed(1234)
+        out = rejection_sample(drafts, counts, target, bonus, draft_probs=draft_probs, temperature=temperature, backend=backend)
+        kind = backend.recovery_noise
+    torch.manual_seed(1234)
+    uniform = torch.rand(drafts.numel(), dtype=torch.float64, device=dev)
+    if kind == "philox":
+        from logitgate.backends.triton.philox import philox_exponential_triton
+
+        q = philox_exponential_triton(draw_seeds(len(counts), {}, dev), target.shape[1])
+    elif kind == "uniform":  # the CPU's inverse CDF
+        q = torch.rand(len(counts), dtype=torch.float64, device=dev)
+    else:
+        q = torch.empty(len(counts), target.shape[1], device=dev).exponential_()
+    cu = torch.tensor(counts, device=dev).cumsum(0).to(torch.int32)
+    expected = rejection_verify_reference(cu, drafts, target, temperature, draft_probs, uniform, q, bonus, max(counts) + 1)
+    return {"requests": len(counts), "equal": int((out == expected).all(dim=1).sum())}
 
 
 def _floor_row(case: str, shape: str, runs: dict) -> dict:
@@ -488,8 +639,11 @@ def _floor_row(case: str, shape: str, runs: dict) -> dict:
     ours = runs["logitgate"].median
     row = {"case": case, "shape": shape, "impl": {name: _us(t) for name, t in runs.items()},
            "vs_one_read_floor": ours / runs["one_read_floor"].median}
-    row.update({f"speedup_vs_{name}": t.median / ours for name, t in runs.items() if name not in ("logitgate", "one_read_floor")})
-    row["goal_met"] = row["vs_one_read_floor"] <= GOAL_FLOOR_RATIO
+    row.update({f"speedup_vs_{name}": t.median / ours for name, t in runs.items()
+                if name not in ("logitgate", "logitgate_v2", "one_read_floor")})
+    if "logitgate_v2" in runs:
+        row["vs_one_read_floor_v2"] = runs["logitgate_v2"].median / runs["one_read_floor"].median
+    row["goal_met"] = min(row["vs_one_read_floor"], row.get("vs_one_read_floor_v2", float("inf"))) <= GOAL_FLOOR_RATIO
     return row
 
 
@@ -657,16 +811,17 @@ def markdown(report: dict[str, Any]) -> str:
                       f"hidden behind it: {overlap['hidden']} (event times, us: {overlap['us']})."]
         lines.append("")
     bench = report.get("benchmarks", {})
+    lines += variants_markdown(bench, report["environment"].get("device"))
     if bench.get("bitmask"):
-        lines += ["## Bitmask apply (50% allowed)", "",
-                  "| shape | dtype | implementation | us (median) | min-max | GB/s | of copy bandwidth | correct |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += ["## Bitmask apply", "",
+                  "| shape | dtype | mask | implementation | us (median) | min-max | GB/s | of copy bandwidth | correct |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for row in bench["bitmask"]:
             for name, m in row["impl"].items():
                 noisy = " (noisy)" if m["spread"] > 0.25 else ""
-                lines.append(f"| {row['shape']} | {row['dtype']} | {name} | {_fmt(m['us'])}{noisy} | "
-                             f"{_fmt(m['us_min'])}-{_fmt(m['us_max'])} | {_fmt(m['gbps'])} | {m['fraction_of_copy']:.0%} | "
-                             f"{row['correct'].get(name, '-')} |")
+                lines.append(f"| {row['shape']} | {row['dtype']} | {row.get('mask', '50% allowed, random')} | {name} | "
+                             f"{_fmt(m['us'])}{noisy} | {_fmt(m['us_min'])}-{_fmt(m['us_max'])} | {_fmt(m['gbps'])} | "
+                             f"{m['fraction_of_copy']:.0%} | {row['correct'].get(name, '-')} |")
         lines.append("")
     for key, title in (("sampling", "Top-k / top-p + random sampling"), ("rejection", "Rejection sampling"), ("tree", "Tree")):
         for row in bench.get(key, []):
@@ -696,6 +851,36 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("")
     lines.append(f"Overall: {'PASS' if report.get('passed') else 'FAIL'} ({report.get('seconds', '?')} s).")
     return "\n".join(lines) + "\n"
+
+
+def variants_json(bench: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """op -> [{case, current_us, v2_us, speedup_v2, faster, correct}] for the rows that timed both."""
+    summary: dict[str, list[dict[str, Any]]] = {}
+    for op in ("bitmask", "sampling", "rejection"):
+        for row in bench.get(op, []):
+            if "variants" in row:
+                case = " ".join(str(row[key]) for key in ("shape", "dtype", "mask", "case") if key in row)
+                summary.setdefault(op, []).append({"case": case, **row["variants"]})
+    return summary
+
+
+def variants_markdown(bench: dict[str, Any], device: str | None) -> list[str]:
+    """The current-vs-v2 table of every benchmark row that timed both (LOGITGATE_CUDA_KERNELS)."""
+    rows = [(op, row) for op in ("bitmask", "sampling", "rejection") for row in bench.get(op, []) if "variants" in row]
+    if not rows:
+        return []
+    lines = ["## CUDA kernel variants: current vs v2 (LOGITGATE_CUDA_KERNELS)", ""]
+    if device != "cuda":
+        lines += ["CPU dry run: the variable selects CUDA kernels only, so both columns time the same CPU code.", ""]
+    lines += ["| op | case | current us | v2 us | v2 speedup | faster | correct (current / v2) |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for op, row in rows:
+        v = row["variants"]
+        case = f"{row['shape']} {row['dtype']}, {row.get('mask', '')}" if op == "bitmask" else f"{row['shape']}, {row['case']}"
+        correct = v.get("correct", {})
+        lines.append(f"| {op} | {case} | {_fmt(v['current_us'])} | {_fmt(v['v2_us'])} | {v['speedup_v2']:.2f}x | "
+                     f"{v['faster']} | {correct.get('current', '-')} / {correct.get('v2', '-')} |")
+    return lines + [""]
 
 
 def write_report(report: dict[str, Any], out: Path) -> None:
@@ -734,7 +919,8 @@ def main(argv: list[str] | None = None) -> int:
         "goals": {"bitmask_fraction_of_copy": GOAL_COPY_FRACTION, "bitmask_vs_xgrammar": ">= 1x at every shape",
                   "sampling_and_rejection_vs_one_read_floor": GOAL_FLOOR_RATIO, "host_syncs_per_step": 0},
     }
-    bench_steps = 2 * len(shapes["bitmask"]) + len(BENCHMARKS) - 1  # bitmask: one step per shape and dtype
+    # bitmask: one step per shape and dtype, and the grammar-like mask; sampling: one per case
+    bench_steps = 2 * len(shapes["bitmask"]) + 1 + len(SAMPLING_CASES) + len(BENCHMARKS) - 2
     steps = 2 + (0 if args.skip_bench else bench_steps) + (0 if args.skip_tests else 1)
     progress = Progress(steps, "gpu-check")
     write_report(report, out)
@@ -755,6 +941,8 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # noqa: BLE001 - one failing benchmark must not lose the others
                 report["benchmarks"]["errors"][name] = f"{type(exc).__name__}: {exc}"
             write_report(report, out)
+        report["variants"] = variants_json(report["benchmarks"])
+        write_report(report, out)
         if args.device == "cuda":
             torch.cuda.synchronize()
 

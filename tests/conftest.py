@@ -70,3 +70,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for name in markers_for(item):
             item.add_marker(name)
+
+
+def _cuda_variant_fixture(op: str):
+    """A fixture running a `backend` test once per CUDA kernel variant of `op`
+    (LOGITGATE_CUDA_KERNELS): every variant on CUDA, `current` alone on the other backends."""
+
+    @pytest.fixture(params=["current", "v2"])
+    def fixture(request, backend, monkeypatch):
+        from tests.helpers.cuda_variants import skip_unless_cuda_variant
+
+        skip_unless_cuda_variant(backend, request.param)
+        monkeypatch.setenv("LOGITGATE_CUDA_KERNELS", f"{op}={request.param}")
+        return request.param
+
+    return fixture
+
+
+sampling_variant = _cuda_variant_fixture("sampling")
+rejection_variant = _cuda_variant_fixture("rejection")

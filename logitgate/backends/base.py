@@ -47,6 +47,7 @@ class Capabilities:
 
 NOISE_EXPONENTIAL = "exponential"  # q ~ Exp(1), float32 (B, V): the exponential trick argmax(p / q)
 NOISE_UNIFORM = "uniform"  # u ~ U[0, 1), float64 (B,): one inverse-CDF draw per row
+NOISE_PHILOX = "philox"  # int64 (B,) seeds: the kernel generates each row's Exp(1) noise (triton/philox.py)
 
 
 @dataclass
@@ -136,6 +137,8 @@ class Backend(ABC):
     # Whether `sample_candidates` is a fused kernel that pays over gathering the layout and running
     # the Sampler's ops on it (sampling/ and structured/ pick the fused draw only where it is).
     fused_candidate_sampling: bool = False
+    # Whether `sample_from_logits` may draw in one go (else it always returns None and callers skip it).
+    fused_logit_sampling: bool = False
 
     def sample_candidates(
         self,
@@ -161,8 +164,31 @@ class Backend(ABC):
 
     # The noise `rejection_recover` consumes: "uniform" = one float64 per request (inverse CDF, cheap
     # where the vocabulary is walked serially), "exponential" = float32 (B, V) Exp(1) draws for the
-    # race argmax(w / q), which parallelises without a sync and can be drawn on a side stream.
+    # race argmax(w / q), which parallelises without a sync and can be drawn on a side stream;
+    # NOISE_PHILOX = int64 (B,) seeds from which the kernel generates that Exp(1) noise itself.
     recovery_noise: str = "exponential"
+
+    def rejection_verify(
+        self,
+        cu_num_draft_tokens: torch.Tensor,
+        token_request: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        target_logits: torch.Tensor,
+        temperature: torch.Tensor | None,
+        draft_probs: torch.Tensor | None,
+        uniform: torch.Tensor | None,
+        noise: torch.Tensor | None,
+        bonus: torch.Tensor,
+        width: int,
+        all_greedy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(output int32 (B, width), accepted int32 (B,)) of rejection sampling without top-k/top-p,
+        in one go: `temperature` per request (B,) (0 = a greedy request; None = every request at 1,
+        or every request greedy with all_greedy, when uniform and noise are unused), `noise` of kind
+        `recovery_noise`, token_request the request of each draft (N,). None where this backend
+        verifies step by step (`rejection_greedy_accept`, `rejection_random_accept`,
+        `rejection_recover`), which the caller then does. Default: None."""
+        return None
 
     def rejection_greedy_accept(
         self,
@@ -243,6 +269,23 @@ class Backend(ABC):
         undefined = undefined_prob_rows(probs)
         fallback = self.undefined_row_fallback(probs, undefined)
         return sampled if fallback is None else torch.where(undefined, fallback, sampled)
+
+    def sample_from_logits(
+        self,
+        logits: torch.Tensor,
+        temperature: torch.Tensor | None,
+        k: torch.Tensor | None,
+        p: torch.Tensor | None,
+        max_top_k: int | None,
+        generators: dict[int, torch.Generator] | None,
+        noise: SamplingNoise | None,
+    ) -> torch.Tensor | None:
+        """int64 (B,): one draw per row from the softmax of top-p(top-k(logits / temperature))
+        (float32 (B, V) logits, read not written; temperature per row, None: already tempered), a
+        row without a distribution given its fallback token (sampling_rules.py); `noise` as for
+        `random_sample`. None where this backend has no kernel doing it in one go for these
+        arguments: the caller then filters and draws step by step. Default: None."""
+        return None
 
     def undefined_row_fallback(self, scores: torch.Tensor, undefined: torch.Tensor) -> torch.Tensor | None:
         """int64 (B,): the fallback token of each row (meaningful where `undefined`, see

@@ -106,3 +106,21 @@ def draw_uniforms(batch_size: int, generators: dict[int, torch.Generator] | None
         u[row : row + 1].uniform_(generator=generator)
     return u
 
+
+
+# Seeds of kernels that generate their noise from one seed per row (backends/triton/philox.py).
+PHILOX_SEED_HIGH = 2**62
+
+
+def draw_seeds(
+    batch_size: int, generators: dict[int, torch.Generator] | None, device: torch.device, high: int = PHILOX_SEED_HIGH
+) -> torch.Tensor:
+    """int64 (B,) seeds in [0, high), one per row, for kernels that generate their noise from a
+    seed; rows in `generators` draw theirs from their own generator (one draw per call)."""
+    generators = generators or {}
+    seeds = torch.empty(batch_size, dtype=torch.int64, device=device)
+    if len(generators) != batch_size:
+        seeds.random_(0, high)
+    for row, generator in generators.items():
+        seeds[row : row + 1].random_(0, high, generator=generator)
+    return seeds

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ..backends import Backend, backend_for_tensor, get_backend
-from ..backends.base import NOISE_EXPONENTIAL, NOISE_UNIFORM, SamplingNoise
+from ..backends.base import NOISE_EXPONENTIAL, NOISE_PHILOX, NOISE_UNIFORM, SamplingNoise
 from ..backends.sampling_rules import undefined_logit_rows
 from .params import SAMPLING_EPS
 
@@ -35,6 +35,7 @@ __all__ = [
     "compute_probs",
     "draw_sampling_noise",
     "random_sample",
+    "sample_from_logits",
     "top_k_top_p_probs",
     "undefined_row_fallback",
 ]
@@ -232,7 +233,7 @@ def check_noise(noise: SamplingNoise, probs: torch.Tensor, backend: Backend) -> 
         raise ValueError("noise was already used by a random_sample call; draw new noise for each step")
     if noise.kind != backend.sampling_noise_kind:
         raise ValueError(f"noise is {noise.kind!r} but backend {backend.name!r} samples with {backend.sampling_noise_kind!r} noise")
-    expected = {NOISE_EXPONENTIAL: tuple(probs.shape), NOISE_UNIFORM: (probs.shape[0],)}[noise.kind]
+    expected = {NOISE_EXPONENTIAL: tuple(probs.shape), NOISE_UNIFORM: (probs.shape[0],), NOISE_PHILOX: (probs.shape[0],)}[noise.kind]
     if noise.shape != expected:
         raise ValueError(f"noise has shape {noise.shape} but probs of shape {tuple(probs.shape)} need {expected}")
     if noise.values.device != probs.device:
@@ -264,3 +265,41 @@ def random_sample(
     if probs.shape[0] == 0:
         return torch.empty(0, dtype=torch.int64, device=probs.device)
     return chosen.random_sample(probs, rows, noise)
+
+
+def sample_from_logits(
+    logits: torch.Tensor,
+    temperature: torch.Tensor | None,
+    k: torch.Tensor | None,
+    p: torch.Tensor | None,
+    generators: Generators = None,
+    *,
+    max_top_k: int | None = None,
+    backend: str | torch.device | Backend | None = None,
+    noise: SamplingNoise | None = None,
+    all_random: bool = False,
+) -> torch.Tensor | None:
+    """int64 (B,): one draw per row from softmax(top-p(top-k(logits / temperature))) in one go,
+    rows without a distribution given their fallback token; the logits are not modified. None when
+    the backend has no such kernel for these arguments (CUDA's v2 sampling has one for batches whose
+    every row has a top-k, `max_top_k` known on the host): then filter and draw step by step
+    (`top_k_top_p_probs`, `random_sample`), with the same `noise`, which is left unused.
+    temperature: per row, below SAMPLING_EPS counts as 1 (all_random=True: no row is below it, skip
+    that check); None when the logits are already tempered."""
+    check_logits(logits)
+    _check_rows(temperature, logits, "temperature", integer=False)
+    _check_rows(k, logits, "k", integer=True)
+    _check_rows(p, logits, "p", integer=False)
+    check_top_p_values(p)
+    chosen = backend_for_tensor(logits, backend)
+    if not chosen.fused_logit_sampling or logits.dtype != torch.float32 or logits.shape[0] == 0:
+        return None
+    rows = as_generator_dict(generators, logits.shape[0], logits.device)
+    if noise is not None:
+        check_noise(noise, logits, chosen)
+    if temperature is not None and not all_random:
+        temperature = torch.where(temperature < SAMPLING_EPS, 1.0, temperature.to(torch.float32))
+    sampled = chosen.sample_from_logits(logits, temperature, k, p, max_top_k, rows, noise)
+    if sampled is not None and noise is not None:
+        noise.consumed = True
+    return sampled

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from ..backends import Backend, backend_for_tensor
+from ..backends.base import NOISE_PHILOX
 from ..backends.formats import rejection_output
-from ..backends.sampling_rules import tempered_logits
+from ..backends.sampling_rules import draw_seeds, tempered_logits
 from ..backends.transfer import to_device
 from ..checks import is_integer
 from .ops import as_generator_dict, check_top_p_values
@@ -106,6 +107,13 @@ def rejection_sample(
     num_tokens = batch.draft_token_ids.numel()
     if num_tokens == 0 or not has_random:
         return _verify(be, batch, None, None, None, None, None)[0]
+    uniform = noise = None
+    if top_k is None and top_p is None:
+        uniform = draw_draft_uniforms(batch.counts, num_tokens, generators, device)
+        noise = draw_recovery_noise(be, batch.counts, batch.vocab_size, generators, device)
+        verified = _verify_in_one_go(be, batch, temperature, uniform, noise, False)
+        if verified is not None:
+            return verified[0]
 
     token_request = batch.token_request
     is_greedy = (temperature == 0) if has_greedy else None
@@ -122,9 +130,25 @@ def rejection_sample(
             None if top_p is None else top_p[token_request],
         )
         token_temperature = None
-    uniform = draw_draft_uniforms(batch.counts, num_tokens, generators, device)
-    noise, event = draw_recovery_noise(be, batch.counts, batch.vocab_size, generators, device)
-    return _verify(be, batch, logits, token_temperature, is_greedy, uniform, (noise, event))[0]
+    if uniform is None:
+        uniform = draw_draft_uniforms(batch.counts, num_tokens, generators, device)
+        noise = draw_recovery_noise(be, batch.counts, batch.vocab_size, generators, device)
+    return _verify(be, batch, logits, token_temperature, is_greedy, uniform, noise)[0]
+
+
+def _verify_in_one_go(
+    be: Backend, batch: _Batch, temperature: torch.Tensor | None, uniform, noise, all_greedy: bool
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(output, accepted) from the backend's one-go verification (batches without top-k/top-p;
+    temperature per request, None = 1 for all), or None where it verifies step by step."""
+    noise_tensor = None
+    if noise is not None:
+        noise_tensor, event = noise
+        be.wait_event(event)
+    return be.rejection_verify(
+        batch.cu, batch.token_request, batch.draft_token_ids, batch.target_logits, temperature, batch.draft_probs,
+        uniform, noise_tensor, batch.bonus, batch.width, all_greedy,
+    )
 
 
 def _verify(
@@ -142,6 +166,8 @@ def _verify(
     if batch.draft_token_ids.numel() == 0:
         accepted = torch.zeros(batch.batch_size, dtype=torch.int32, device=batch.cu.device)
         return rejection_output(batch.starts, batch.draft_token_ids, accepted, batch.bonus, batch.width), accepted
+    if logits is None and (verified := _verify_in_one_go(be, batch, None, None, None, True)) is not None:
+        return verified
     greedy_result = None
     if logits is None or is_greedy is not None:
         greedy_result = be.rejection_greedy_accept(batch.cu, batch.draft_token_ids, batch.target_logits, is_greedy)
@@ -187,10 +213,14 @@ def draw_draft_uniforms(
 def draw_recovery_noise(
     be: Backend, counts: Sequence[int], vocab_size: int, generators: Mapping[int, torch.Generator], device: torch.device
 ) -> tuple[torch.Tensor, object]:
-    """(noise, event) for `be.rejection_recover`: one float64 uniform per request (inverse CDF), or
-    float32 (B, V) Exp(1) draws queued on the backend's side stream (the race). Wait on `event`
-    before reading the noise."""
+    """(noise, event) for `be.rejection_recover`: one float64 uniform per request (inverse CDF),
+    one int64 seed per request (NOISE_PHILOX: the kernel generates the race's noise), or float32
+    (B, V) Exp(1) draws queued on the backend's side stream (the race). Wait on `event` before
+    reading the noise."""
     batch = len(counts)
+    if be.recovery_noise == NOISE_PHILOX:
+        drawing = {request: generator for request, generator in generators.items() if counts[request]}
+        return draw_seeds(batch, drawing, device), None
     if be.recovery_noise == "uniform":
         noise = torch.rand(batch, dtype=torch.float64, device=device)
         for request, generator in generators.items():
@@ -377,7 +407,8 @@ def chain_speculative_sampling(
     generators = {} if generator is None else as_generator_dict(dict.fromkeys(range(b), generator), b, device)
     uniform = draw_draft_uniforms(counts, b * (k + 1), generators, device)
     noise = draw_recovery_noise(be, counts, vocab, generators, device)
-    out, accepted = _verify(be, batch, batch.target_logits, None, None, uniform, noise)
+    verified = _verify_in_one_go(be, batch, None, uniform, noise, False)
+    out, accepted = verified if verified is not None else _verify(be, batch, batch.target_logits, None, None, uniform, noise)
     out = out[:, : k + 1].contiguous()
 
     ids = draft_token_ids.to(torch.int64)

@@ -5,7 +5,9 @@
 3. greedy rows: argmax (all-greedy batches stop here and skip the argmax-invariant processors);
 4. temperature (greedy rows divided by 1, never by 0); the argmax-invariant processors (MinP);
 5. top-k then top-p; softmax (on CPU the one top-p computed, with the removed tokens zeroed); one
-   exact random draw per row (`ops.random_sample`);
+   exact random draw per row (`ops.random_sample`); a backend that does step 5 in one go
+   (`ops.sample_from_logits`: CUDA's v2 sampling, with every row's top-k known) does it instead,
+   with step 4's temperature folded in when no min-p or argmax-invariant processor needs it;
 6. greedy and random rows merged; optional log-probabilities (top-n, plus the sampled token's
    log-probability and rank).
 
@@ -47,6 +49,8 @@ class SamplingMetadata:
     None; top_p: float32 (B,) (1 = off) or None; generators: row -> the request's generator;
     max_num_logprobs: the largest `logprobs` in the batch (None: no logprobs); max_top_k: max(top_k)
     known on the host when every row has a top-k (lets GPU/NPU use torch.topk instead of a sort);
+    max_random_top_k: max(top_k) over the random rows when each of them has a top-k (greedy rows
+    have none), which is what a backend that filters and draws in one go needs;
     noise: the random numbers drawn ahead by `prefetch_noise`; min_p: float32 (B,) (0 = off) or
     None, applied after temperature like vLLM's MinP processor (the processor is the usual way;
     this field serves layouts where a processor's per-batch state does not fit, see sampling/sparse.py).
@@ -63,6 +67,7 @@ class SamplingMetadata:
     max_top_k: int | None = None
     noise: SamplingNoise | None = None
     min_p: torch.Tensor | None = None
+    max_random_top_k: int | None = None
 
     @classmethod
     def from_params(
@@ -104,6 +109,8 @@ class SamplingMetadata:
             max_num_logprobs=max(logprobs) if logprobs else None,
             logitsprocs=logitsprocs if logitsprocs is not None else LogitsProcessors(),
             max_top_k=max(top_k) if any_top_k and all(k > 0 for k in top_k) else None,
+            max_random_top_k=max(random_k) if (random_k := [k for k, g in zip(top_k, greedy) if not g])
+            and all(k > 0 for k in random_k) else None,
         )
 
     def prefetch_noise(self, batch_size: int, vocab_size: int, *, backend: str | torch.device | Backend | None = None) -> None:
@@ -174,11 +181,19 @@ class Sampler:
             return greedy, compute_logprobs(logits) if want_processed else None
         if metadata.temperature is None or metadata.temperature.shape != (logits.shape[0],):
             raise ValueError(f"metadata.temperature must have shape ({logits.shape[0]},) for a batch with random rows")
+        # A backend that filters and draws in one go (CUDA's v2 sampling) reads the logits once,
+        # dividing by the temperature as it reads when nothing else needs the tempered logits.
+        fused = backend.fused_logit_sampling and not want_processed
+        temper_in_kernel = fused and metadata.min_p is None and not metadata.logitsprocs.argmax_invariant
+        if temper_in_kernel and (sampled := self._sample_fused(logits, metadata, backend, metadata.temperature)) is not None:
+            return self._merge_greedy(sampled, greedy, metadata), None
         ops.apply_temperature(logits, metadata.temperature, all_random=metadata.all_random)
         if metadata.min_p is not None:
             logits = ops.apply_min_p(logits, metadata.min_p)
         for processor in metadata.logitsprocs.argmax_invariant:
             logits = processor.apply(logits)
+        if fused and not temper_in_kernel and (sampled := self._sample_fused(logits, metadata, backend, None)) is not None:
+            return self._merge_greedy(sampled, greedy, metadata), None
         # A row with a NaN, a +inf or nothing left above -inf has no distribution: it is sampled as
         # its fallback token on every backend (backends/sampling_rules.py), and the filters below must
         # not decide what it becomes.
@@ -188,9 +203,20 @@ class Sampler:
         sampled = ops.random_sample(probs, metadata.generators, backend=backend, noise=metadata.noise)
         if fallback is not None:
             sampled = torch.where(undefined, fallback, sampled)
-        if greedy is not None:
-            sampled = torch.where(metadata.temperature < SAMPLING_EPS, greedy, sampled)
-        return sampled, processed
+        return self._merge_greedy(sampled, greedy, metadata), processed
+
+    @staticmethod
+    def _sample_fused(logits, metadata: SamplingMetadata, backend: Backend, temperature) -> torch.Tensor | None:
+        return ops.sample_from_logits(
+            logits, temperature, metadata.top_k, metadata.top_p, metadata.generators, max_top_k=metadata.max_random_top_k,
+            backend=backend, noise=metadata.noise, all_random=metadata.all_random,
+        )
+
+    @staticmethod
+    def _merge_greedy(sampled: torch.Tensor, greedy: torch.Tensor | None, metadata: SamplingMetadata) -> torch.Tensor:
+        if greedy is None:
+            return sampled
+        return torch.where(metadata.temperature < SAMPLING_EPS, greedy, sampled)
 
 
 def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,7 @@
 import pytest
 import torch
 import xgrammar
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import logitgate
@@ -184,3 +184,51 @@ def test_cpu_parallel_kernel_matches_reference(dtype, density, use_indices):
     got = wide.clone()
     logitgate.apply_token_bitmask_inplace(got[:, :vocab], bitmask, indices=indices, vocab_size=vocab, backend="cpu")
     assert torch.equal(got, expected)
+
+
+def _cuda_kernel_backends():
+    """The CUDA backend's own dispatch: interpreted on CPU tensors, and the real one on a GPU."""
+    from logitgate.backends import probe_cuda
+    from tests.helpers.cuda_variants import INTERPRETER, interpreted_cuda_backend
+
+    found = [interpreted_cuda_backend()] if INTERPRETER else []
+    if probe_cuda().available:
+        found.append(logitgate.get_backend("cuda"))
+    return found
+
+
+CUDA_KERNEL_BACKENDS = _cuda_kernel_backends()
+
+
+@st.composite
+def tiled_bitmask_cases(draw):
+    """Rows crossing tiles (4096 float32 / 8192 16-bit tokens), each tile all allowed, all blocked,
+    a few blocked (the predicated store), or mixed (the load-select-store)."""
+    rows = draw(st.integers(1, 3))
+    vocab = draw(st.sampled_from([1, 31, 33, 300, 4096, 4097, 9000]))
+    width = vocab + draw(st.sampled_from([0, 0, 9]))
+    dtype = draw(st.sampled_from(DTYPES))
+    density = draw(st.sampled_from([0.0, 0.02, 0.5, 0.98, 0.999, 1.0]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    indices = sorted(draw(st.sets(st.integers(0, rows - 1), min_size=1))) if draw(st.booleans()) else None
+    return rows, vocab, width, dtype, density, seed, indices
+
+
+@pytest.mark.skipif(not CUDA_KERNEL_BACKENDS, reason="needs TRITON_INTERPRET=1 or a GPU")
+@pytest.mark.parametrize("cuda", CUDA_KERNEL_BACKENDS, ids=lambda b: b.name)
+@pytest.mark.parametrize("variant", ["current", "v2"])
+@settings(max_examples=15)
+@given(case=tiled_bitmask_cases())
+def test_cuda_kernel_variants_match_reference(cuda, variant, case):
+    from logitgate.backends.variants import selected
+
+    rows, vocab, width, dtype, density, seed, indices = case
+    logits, bitmask = make_case(rows, vocab, width, dtype, density, seed)
+    if vocab > 4096:  # one whole tile of each kind
+        bitmask[:, : 4096 // 32] = 0 if seed % 2 else -1
+    expected = logits.clone()
+    apply_token_bitmask_reference(expected, bitmask, None if indices is None else torch.tensor(indices), vocab)
+    got, mask = to_device(cuda, logits.clone(), bitmask)
+    with selected("bitmask", variant):
+        logitgate.apply_token_bitmask_inplace(got, mask, indices=indices, vocab_size=vocab, backend=cuda)
+    assert torch.equal(got.cpu(), expected)

@@ -8,6 +8,7 @@ from logitgate.backends import reference as R
 from logitgate.backends.cpu.rejection_kernels import exp_nonpositive
 from logitgate.backends.triton.launch import ascend_grid_and_block
 from tests.helpers.devices import to_device
+from tests.helpers.sampling_helpers import near_decision
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -44,15 +45,6 @@ def make_case(counts, vocab, dtype, with_probs, with_temperature, with_active, m
     active = (torch.rand(b, generator=g) < 0.7) if with_active else None
     uniform = torch.rand(n, dtype=torch.float64, generator=g)
     return cu, drafts, logits, probs, temperature, active, uniform, g
-
-
-def near_decision(cu, drafts, logits, temperature, probs, uniform, rel=1e-4):
-    """Rows whose acceptance ratio lies within `rel` of its uniform (float rounding may flip them)."""
-    z = R.tempered_logits(logits, temperature).double()
-    safe = drafts.clamp(0, logits.shape[-1] - 1).unsqueeze(-1)
-    p = (z.gather(-1, safe).squeeze(-1) - z.logsumexp(-1)).exp()
-    q = torch.ones_like(p) if probs is None else probs.double().gather(-1, safe).squeeze(-1)
-    return ((p / q - uniform).abs() <= rel * uniform).tolist()
 
 
 @given(case=spec_cases())

@@ -3,25 +3,18 @@ forgives what the compiler does not (types of scalars and stores, broadcasting, 
 branches), and no GPU is at hand to run them natively. Compilation only; results are checked under
 the interpreter (test_tree_kernel_edges.py, test_tree_candidate_kernels.py, test_tree_kernels.py)."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 triton = pytest.importorskip("triton")
 try:
-    from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401 - the NVIDIA code generator is installed
-    from triton.compiler import ASTSource
 except ImportError:  # pragma: no cover - e.g. triton-ascend
     pytest.skip("this triton has no NVIDIA code generator", allow_module_level=True)
 
 from logitgate.backends.triton import tree  # noqa: E402 - after the skip above
+from tests.helpers.triton_compile import compile_all, compile_in_subprocess  # noqa: E402
 
-H100 = GPUTarget("cuda", 90, 32)
-ROOT = Path(__file__).resolve().parents[2]
 TABLE = {"rows_ptr": "*i64", "starts_ptr": "*i64", "widths_ptr": "*i64", "allow_tok_ptr": "*i32"}
 SIZES = {"num_rows": "i32", "width": "i32", "row_stride": "i32", "col_stride": "i32"}
 TILE = {"BLOCK_R": "constexpr", "BLOCK_W": "constexpr"}
@@ -51,31 +44,11 @@ def _cases():
     yield tree._bitmask_sparse_kernel, sig, {"BLOCK_R": 8, "BLOCK_W": 128}
 
 
-def compile_all() -> dict[str, str]:
-    """Compile every case (needs a process without TRITON_INTERPRET, where triton.jit gives real
-    kernels): case id -> "ok" or the error."""
-    results = {}
-    for kernel, signature, constexprs in _cases():
-        case = f"{kernel.__name__} {next(iter(signature.values()))} {constexprs}"
-        try:
-            compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=H100)
-            ok = ".entry " + kernel.__name__ in compiled.asm["ptx"] and bool(compiled.asm["cubin"])  # ptxas accepted it
-            results[case] = "ok" if ok else "no entry point or cubin"
-        except Exception as exc:  # noqa: BLE001 - every case is reported
-            results[case] = f"{type(exc).__name__}: {exc}"
-    return results
-
-
 def test_tree_kernels_compile_for_sm90(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)  # really compile, not a cached binary
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    results = json.loads(out.stdout)
+    results = compile_in_subprocess(__file__, tmp_path)
     assert len(results) == len(list(_cases())) == 12
     assert {case: r for case, r in results.items() if r != "ok"} == {}
 
 
 if __name__ == "__main__":
-    print(json.dumps(compile_all()))
+    print(json.dumps(compile_all(_cases())))

@@ -21,6 +21,7 @@ SLOW = (
     "backends/test_import_isolation.py::test_triton_kernels_do_not_import_numba",
     "backends/test_npu_by_name.py",
     "backends/test_triton_tree_compile.py",
+    "backends/test_triton_variants_compile.py",
     "cli/test_bench_cli.py::test_plot_is_log_scale_with_machine_and_threads_in_title",
     "cli/test_demo_assets.py",
     "cli/test_demo_cli.py::test_local_hugging_face_model_with_ngram_drafts",

@@ -1,4 +1,5 @@
-"""Helpers for the sampling tests: the chi-square check every distribution test uses, and whether Triton runs interpreted."""
+"""Helpers for the sampling tests: the chi-square check every distribution test uses, whether Triton
+runs interpreted, and which rejection-sampling decisions float rounding may flip."""
 import numpy as np
 
 from tests.helpers.stat_helpers import chisquare_pvalue
@@ -30,3 +31,15 @@ def interpreted_triton(backend) -> bool:
     """The emulated NPU running Triton kernels under TRITON_INTERPRET=1: correct but slow, so the
     big-shape and many-example tests leave it to dedicated smaller tests."""
     return backend.device.type == "cpu" and backend.capabilities.triton
+
+
+def near_decision(cu, drafts, logits, temperature, probs, uniform, rel=1e-4):
+    """Per draft row: whether its acceptance ratio lies within `rel` of its uniform (float rounding
+    may flip it)."""
+    from logitgate.backends.reference import tempered_logits
+
+    z = tempered_logits(logits, temperature).double()
+    safe = drafts.clamp(0, logits.shape[-1] - 1).unsqueeze(-1)
+    p = (z.gather(-1, safe).squeeze(-1) - z.logsumexp(-1)).exp()
+    q = p.new_ones(p.shape) if probs is None else probs.double().gather(-1, safe).squeeze(-1)
+    return ((p / q - uniform).abs() <= rel * uniform).tolist()

@@ -72,7 +72,7 @@ def test_issue_repro_nan_row_with_top_p_on_the_npu_path():
 
 @settings(max_examples=25)
 @given(data=st.data())
-def test_sampler_rows_without_a_distribution_give_the_fallback_token(backend, data):
+def test_sampler_rows_without_a_distribution_give_the_fallback_token(backend, data, sampling_variant):
     if interpreted_triton(backend):
         pytest.skip("the interpreted Triton kernels have their own, smaller test")
     check_sampler_rows(backend, data, max_rows=6, max_vocab=90)
@@ -116,7 +116,7 @@ def check_sampler_rows(backend, data, *, max_rows, max_vocab):
 
 @settings(max_examples=25)
 @given(data=st.data())
-def test_random_sample_rows_without_a_total_give_the_fallback_token(backend, data):
+def test_random_sample_rows_without_a_total_give_the_fallback_token(backend, data, sampling_variant):
     rows, vocab = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 70))
     probs = torch.rand(rows, vocab, generator=torch.Generator().manual_seed(data.draw(st.integers(0, 2**16))))
     for r in range(rows):
@@ -141,7 +141,7 @@ def test_random_sample_rows_without_a_total_give_the_fallback_token(backend, dat
 
 @pytest.mark.parametrize("top_p", [None, 0.8])
 @pytest.mark.parametrize("kind", ["all_nan", "one_nan", "all_neg_inf", "pos_inf"])
-def test_rejection_rows_without_a_distribution_accept_and_recover_the_fallback(backend, kind, top_p):
+def test_rejection_rows_without_a_distribution_accept_and_recover_the_fallback(backend, kind, top_p, rejection_variant):
     vocab, gen = 50, torch.Generator().manual_seed(3)
     logits = torch.randn(4, vocab, generator=gen)
     for r in range(4):
@@ -204,7 +204,7 @@ def test_unchecked_top_p_values_mean_the_same_on_every_backend(backend, p):
 
 @settings(max_examples=20)
 @given(data=st.data())
-def test_rejection_kernels_on_rows_without_a_distribution_match_reference(backend, data):
+def test_rejection_kernels_on_rows_without_a_distribution_match_reference(backend, data, rejection_variant):
     from logitgate.backends import reference as R
 
     counts = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=4))
@@ -243,8 +243,9 @@ def test_rejection_kernels_on_rows_without_a_distribution_match_reference(backen
             needed, weights = R.recovery_weights_reference(cu, drafts, logits, temperature, probs, accepted, row_lse, active)
             token = R.rejection_recover_exponential_reference(needed, weights, torch.ones_like(weights))
         else:
-            noise = torch.rand(len(counts), dtype=torch.float64) if backend.recovery_noise == "uniform" else (
-                torch.empty(len(counts), vocab).exponential_())
+            noise = {"uniform": lambda: torch.rand(len(counts), dtype=torch.float64),
+                     "philox": lambda: torch.randint(0, 2**62, (len(counts),))}.get(
+                backend.recovery_noise, lambda: torch.empty(len(counts), vocab).exponential_())()
             noise = noise.to(backend.device)
             token = backend.rejection_recover(cu, drafts, logits, temperature, probs, accepted, row_lse, noise, active)
         assert token.tolist() == expected_token

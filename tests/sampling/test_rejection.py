@@ -54,13 +54,13 @@ def run_greedy(spec, output, backend, **kwargs):
         pytest.param([[9, 9], [9]], [[1, 9, 4], [2, 3]], [[1, -1, -1], [2, -1, -1]], id="first-token-mismatch"),
     ],
 )
-def test_greedy_cases(backend, spec, output, expected):
+def test_greedy_cases(backend, spec, output, expected, rejection_variant):
     out = run_greedy(spec, output, backend)
     assert out.dtype == torch.int32
     assert out.tolist() == expected
 
 
-def test_zero_temperature_is_greedy_and_mixes_with_random(backend):
+def test_zero_temperature_is_greedy_and_mixes_with_random(backend, rejection_variant):
     spec, output = [[1, 2, 3], [4, 5], [6]], [[1, 5, 3, 7], [4, 5, 8], [6, 9]]
     greedy = run_greedy(spec, output, backend)
     mixed = run_greedy(spec, output, backend, temperature=torch.tensor([0.0, 1.0, 0.0]))
@@ -69,7 +69,7 @@ def test_zero_temperature_is_greedy_and_mixes_with_random(backend):
     assert mixed[1].tolist() == [4, 5, 8, -1]
 
 
-def test_device_resident_temperature_runs_both_paths(backend, monkeypatch):
+def test_device_resident_temperature_runs_both_paths(backend, monkeypatch, rejection_variant):
     """When the temperature lives on a device the host cannot tell which requests are greedy
     without a sync: both kernels run, masked per request, with the same result."""
     from logitgate.sampling import rejection
@@ -88,7 +88,7 @@ def test_device_resident_temperature_runs_both_paths(backend, monkeypatch):
     assert expected.tolist() == [[1, 5, -1, -1], [4, 5, 8, -1], [6, 2, 9, -1]]
 
 
-def test_random_rejection_emits_recovered_token_and_pads(backend):
+def test_random_rejection_emits_recovered_token_and_pads(backend, rejection_variant):
     # Draft probs put everything on the draft, the target gives it 0: always rejected; the
     # recovered token comes from max(target - draft, 0), which is the target here.
     logits = torch.full((2, 4), float("-inf"))
@@ -103,7 +103,7 @@ def test_random_rejection_emits_recovered_token_and_pads(backend):
     assert out.tolist() == [[2, -1, -1]]
 
 
-def test_random_acceptance_of_certain_drafts(backend):
+def test_random_acceptance_of_certain_drafts(backend, rejection_variant):
     """target_p = 1 at every draft: all accepted whatever u is, then the bonus token."""
     out = run_greedy([[3, 7, 9]], [[3, 7, 9, 11]], backend, temperature=torch.tensor([0.8]))
     assert out.tolist() == [[3, 7, 9, 11]]
@@ -115,7 +115,7 @@ def test_random_acceptance_of_certain_drafts(backend):
 
 
 @pytest.mark.parametrize("mode", ["greedy", "ngram", "draft_probs"])
-def test_placeholder_drafts_are_always_rejected(backend, mode):
+def test_placeholder_drafts_are_always_rejected(backend, mode, rejection_variant):
     g = torch.Generator().manual_seed(5)
     logits = torch.randn(6, VOCAB, generator=g)
     logits[:, 0] = 50.0  # token 0 is the target's certain choice everywhere
@@ -128,7 +128,7 @@ def test_placeholder_drafts_are_always_rejected(backend, mode):
     assert out.tolist() == [[0, 0, -1, -1], [0, -1, -1, -1]]
 
 
-def test_out_of_vocabulary_drafts_are_placeholders(backend):
+def test_out_of_vocabulary_drafts_are_placeholders(backend, rejection_variant):
     for temperature in (None, torch.tensor([1.0])):
         out = rejection_sample(
             torch.tensor([VOCAB, 2**30]), [2], target_logits_for([4, 4]), torch.tensor([1]),
@@ -147,7 +147,7 @@ def emitted_ids_are_safe(out, vocab):
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:divide by zero:RuntimeWarning")
 @pytest.mark.parametrize("poison", ["nan", "neg_inf", "pos_inf", "nan_draft_probs", "zero_draft_probs", "huge"])
 @pytest.mark.parametrize("mode", ["greedy", "random", "random_draft_probs"])
-def test_degenerate_rows_never_emit_out_of_vocab_ids(backend, poison, mode):
+def test_degenerate_rows_never_emit_out_of_vocab_ids(backend, poison, mode, rejection_variant):
     """vLLM once emitted ids >= V for NaN target rows (a remote crash); here every id is valid."""
     vocab = 37  # not a power of two: padded lanes exist in every tile
     g = torch.Generator().manual_seed(11)
@@ -175,7 +175,7 @@ def test_degenerate_rows_never_emit_out_of_vocab_ids(backend, poison, mode):
     emitted_ids_are_safe(out, vocab)
 
 
-def test_seeded_requests_are_deterministic(backend):
+def test_seeded_requests_are_deterministic(backend, rejection_variant):
     g = torch.Generator().manual_seed(0)
     counts = [4, 3, 4]
     logits = torch.randn(11, 30, generator=g)
@@ -208,7 +208,7 @@ def test_exponential_noise_is_drawn_on_the_side_stream():
     assert backend.side_stream_entries == 1  # drawn off the main stream, joined with an event
 
 
-def test_requests_without_drafts_draw_nothing_from_their_generator(backend):
+def test_requests_without_drafts_draw_nothing_from_their_generator(backend, rejection_variant):
     gen = torch.Generator(backend.device).manual_seed(7)
     state = gen.get_state()
     out = rejection_sample(
@@ -219,7 +219,7 @@ def test_requests_without_drafts_draw_nothing_from_their_generator(backend):
     assert torch.equal(gen.get_state(), state)
 
 
-def test_temperature_applies_to_target_not_draft_probs(backend):
+def test_temperature_applies_to_target_not_draft_probs(backend, rejection_variant):
     """At a low temperature the target sharpens to its argmax; the draft probs stay as given."""
     logits = torch.tensor([[2.0, 1.9, 0.0]])
     probs = torch.tensor([[0.0, 1.0, 0.0]])  # always drafts token 1
@@ -230,7 +230,7 @@ def test_temperature_applies_to_target_not_draft_probs(backend):
     assert out.tolist() == [[0, -1]]  # p(1) ~ e^-10 at T=0.01: rejected, recovered = token 0
 
 
-def test_inputs_are_not_modified(backend):
+def test_inputs_are_not_modified(backend, rejection_variant):
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(5, 20, generator=g)
     probs = torch.softmax(torch.randn(5, 20, generator=g), -1)
@@ -311,7 +311,7 @@ def test_top_k_top_p_reach_the_target():
 # ---- FlashInfer-style chain_speculative_sampling ----
 
 
-def test_chain_speculative_sampling_flashinfer_example(backend):
+def test_chain_speculative_sampling_flashinfer_example(backend, rejection_variant):
     draft_probs = torch.tensor([[[0.1, 0.2, 0.3, 0.4], [0.2, 0.3, 0.4, 0.1]]])
     target_probs = torch.tensor([[[0.0, 0.1, 0.6, 0.3], [1.0, 0.0, 0.0, 0.0], [0.7, 0.1, 0.1, 0.1]]])
     out, accepted, emitted = chain_speculative_sampling(draft_probs, torch.tensor([[2, 1]]), target_probs, backend=backend)
@@ -319,7 +319,7 @@ def test_chain_speculative_sampling_flashinfer_example(backend):
     assert accepted.tolist() == [1] and emitted.tolist() == [1]
 
 
-def test_chain_speculative_sampling_accumulates_and_samples_bonus(backend):
+def test_chain_speculative_sampling_accumulates_and_samples_bonus(backend, rejection_variant):
     target = torch.zeros(2, 3, 5)
     target[:, :, 4] = 1.0  # the target always says 4
     draft = torch.full((2, 2, 5), 0.2)

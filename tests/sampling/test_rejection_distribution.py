@@ -81,7 +81,7 @@ def flat(target, draft, drafts):
 
 
 @pytest.mark.parametrize("mode", ["draft_probs", "ngram", "placeholders"])
-def test_emitted_tokens_follow_the_target(backend, mode):
+def test_emitted_tokens_follow_the_target(backend, mode, rejection_variant):
     torch.manual_seed(1234)
     n = SAMPLES
     target, draft, drafts = make_problem(7, n)
@@ -95,7 +95,7 @@ def test_emitted_tokens_follow_the_target(backend, mode):
     check_every_position(out, drafts, torch.softmax(target, -1), mode)
 
 
-def test_temperature_shapes_the_target_only(backend):
+def test_temperature_shapes_the_target_only(backend, rejection_variant):
     torch.manual_seed(99)
     n = SAMPLES
     target, draft, drafts = make_problem(8, n, sharp=1.0)
@@ -107,7 +107,7 @@ def test_temperature_shapes_the_target_only(backend):
     check_every_position(out, drafts, torch.softmax(target / 0.6, -1), "temperature 0.6")
 
 
-def test_top_k_top_p_shape_the_target(backend):
+def test_top_k_top_p_shape_the_target(backend, rejection_variant):
     ops = pytest.importorskip("logitgate.sampling.ops", reason="sampling/ops.py lands on another branch")
     torch.manual_seed(5)
     n = SAMPLES
@@ -123,7 +123,7 @@ def test_top_k_top_p_shape_the_target(backend):
     check_every_position(out, drafts, torch.softmax(processed, -1), "top-k/top-p")
 
 
-def test_constrained_target_under_a_bitmask(backend):
+def test_constrained_target_under_a_bitmask(backend, rejection_variant):
     """Drafts from an unconstrained drafter; the masks allow a different subset at each position
     (one position forces a single token): emitted tokens follow the constrained target."""
     torch.manual_seed(77)
@@ -153,7 +153,7 @@ def test_constrained_target_under_a_bitmask(backend):
     assert reached_forced.any() and (accepted_counts(out, drafts)[reached_forced] == K).all()
 
 
-def test_chain_speculative_sampling_follows_the_target(backend):
+def test_chain_speculative_sampling_follows_the_target(backend, rejection_variant):
     torch.manual_seed(2024)
     n = SAMPLES
     target, draft, drafts = make_problem(11, n)

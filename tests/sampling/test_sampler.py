@@ -41,7 +41,7 @@ def metadata_for(params, *, processors=(), generators=None, device="cpu"):
     return SamplingMetadata.from_params(params, device=device, generators=generators, logitsprocs=procs)
 
 
-def test_greedy_and_random_rows_mix(backend):
+def test_greedy_and_random_rows_mix(backend, sampling_variant):
     torch.manual_seed(0)
     logits = (torch.randn(6, V) * 3).to(backend.device)
     params = [SamplingParams(temperature=t) for t in (0.0, 1.0, 0.0, 0.8, 0.0, 1e-7)]
@@ -78,7 +78,7 @@ def test_greedy_rows_ignore_filters_and_never_see_nan():
     assert out.sampled_token_ids.flatten().tolist() == logits.argmax(-1).tolist()
 
 
-def test_seeded_requests_are_reproducible(backend):
+def test_seeded_requests_are_reproducible(backend, sampling_variant):
     params = [SamplingParams(seed=11), SamplingParams(), SamplingParams(seed=12, top_k=10)]
     logits = torch.randn(3, V).to(backend.device)
 
@@ -95,7 +95,7 @@ def test_seeded_requests_are_reproducible(backend):
     assert len({tuple(s) for s in first}) > 1 or first[0] != first[1]  # generators advance between steps
 
 
-def test_prefetched_noise_gives_the_same_tokens(backend):
+def test_prefetched_noise_gives_the_same_tokens(backend, sampling_variant):
     params = [SamplingParams(seed=5), SamplingParams(temperature=0.0), SamplingParams(seed=6, top_p=0.9)]
     logits = torch.randn(3, V).to(backend.device)
 

@@ -21,20 +21,20 @@ def probs_row():
     return probs / probs.sum()
 
 
-def test_random_sample_is_exact(backend, probs_row, assert_distribution):
+def test_random_sample_is_exact(backend, sampling_variant, probs_row, assert_distribution):
     torch.manual_seed(0)
     probs = probs_row.expand(DRAWS, -1).contiguous().to(backend.device)
     samples = ops.random_sample(probs, backend=backend).cpu()
     assert_distribution(samples, probs_row)
 
 
-def test_random_sample_unnormalised_rows(backend, probs_row, assert_distribution):
+def test_random_sample_unnormalised_rows(backend, sampling_variant, probs_row, assert_distribution):
     torch.manual_seed(1)
     probs = (probs_row * 37.5).expand(DRAWS, -1).contiguous().to(backend.device)
     assert_distribution(ops.random_sample(probs, backend=backend).cpu(), probs_row)
 
 
-def test_seeded_generators_draw_exactly(backend, probs_row, assert_distribution):
+def test_seeded_generators_draw_exactly(backend, sampling_variant, probs_row, assert_distribution):
     """Each row with its own generator (seeds 0..n-1): the draws across rows follow p too."""
     rows = 4000
     probs = probs_row.expand(rows, -1).contiguous().to(backend.device)
@@ -42,7 +42,7 @@ def test_seeded_generators_draw_exactly(backend, probs_row, assert_distribution)
     assert_distribution(ops.random_sample(probs, generators, backend=backend).cpu(), probs_row)
 
 
-def test_prefetched_noise_is_exact(backend, probs_row, assert_distribution):
+def test_prefetched_noise_is_exact(backend, sampling_variant, probs_row, assert_distribution):
     torch.manual_seed(2)
     noise = ops.draw_sampling_noise(DRAWS, probs_row.numel(), backend=backend)
     probs = probs_row.expand(DRAWS, -1).contiguous().to(backend.device)
@@ -77,7 +77,7 @@ FILTER_IDS = [",".join(f"{k}={v}" for k, v in s.items()) for s in FILTERS]
 
 
 @pytest.mark.parametrize("settings", FILTERS, ids=FILTER_IDS)
-def test_backend_filters_then_draws_the_reference_distribution(backend, settings, assert_distribution):
+def test_backend_filters_then_draws_the_reference_distribution(backend, sampling_variant, settings, assert_distribution):
     """The backend's own filter kernels on one row, then DRAWS draws of the backend's random_sample."""
     torch.manual_seed(4)
     logits_row = base_logits()
@@ -96,7 +96,7 @@ def test_backend_filters_then_draws_the_reference_distribution(backend, settings
 
 
 @pytest.mark.parametrize("settings", FILTERS, ids=FILTER_IDS)
-def test_sampler_filters_give_the_reference_distribution(backend, settings, assert_distribution):
+def test_sampler_filters_give_the_reference_distribution(backend, sampling_variant, settings, assert_distribution):
     """The whole Sampler (MinP processor, temperature, top-k/top-p, draw) on a batch of DRAWS rows."""
     if interpreted_triton(backend):
         pytest.skip("DRAWS rows of bisection under the Triton interpreter: covered by the one-row test above")

@@ -173,7 +173,7 @@ def test_exponential_race_is_argmax_of_ratio():
     assert exponential_race(probs, q).tolist() == [0, 1]
 
 
-def test_seeded_rows_are_reproducible(backend):
+def test_seeded_rows_are_reproducible(backend, sampling_variant):
     probs = torch.rand(6, 500).to(backend.device)
     gens = lambda: {1: torch.Generator(backend.device).manual_seed(7), 4: torch.Generator(backend.device).manual_seed(8)}  # noqa: E731
     torch.manual_seed(0)
@@ -187,7 +187,7 @@ def test_seeded_rows_are_reproducible(backend):
     assert ops.random_sample(probs, as_list, backend=backend)[[1, 4]].tolist() == first[[1, 4]].tolist()
 
 
-def test_prefetched_noise_equals_drawing_now(backend):
+def test_prefetched_noise_equals_drawing_now(backend, sampling_variant):
     probs = torch.rand(3, 200).to(backend.device)
     make = lambda: {0: torch.Generator(backend.device).manual_seed(3), 2: torch.Generator(backend.device).manual_seed(4)}  # noqa: E731
     now = ops.random_sample(probs, make(), backend=backend)

@@ -104,7 +104,8 @@ def test_junit_counts_and_failures(gpu_check, tmp_path):
 
 def test_dry_run_end_to_end_writes_json_and_markdown(gpu_check, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(gpu_check.SHAPES, "cpu", {
-        "bitmask": [(2, 1000)], "sampling": (2, 1000), "rejection": (2, 2, 1000), "tree": (4, 4096, 50), "noise": (2, 1000)})
+        "bitmask": [(2, 1000)], "bitmask_grammar": (2, 1000), "sampling": (2, 1000), "rejection": (2, 2, 1000),
+        "tree": (4, 4096, 50), "noise": (2, 1000)})
     test_file = tmp_path / "test_tiny.py"
     test_file.write_text("def test_one():\n    assert 1 + 1 == 2\n")
     out = tmp_path / "out"
@@ -114,18 +115,29 @@ def test_dry_run_end_to_end_writes_json_and_markdown(gpu_check, tmp_path, monkey
     assert report["environment"]["device"] == "cpu" and report["passed"] is True
     assert report["sync_check"]["checked"] is False and set(report["sync_check"]["parts"].values()) == {"ok"}
     assert report["overlap_check"]["checked"] is False
-    [bitmask_f32, bitmask_bf16] = report["benchmarks"]["bitmask"]
+    [bitmask_f32, bitmask_bf16, bitmask_grammar] = report["benchmarks"]["bitmask"]
     assert (bitmask_f32["dtype"], bitmask_bf16["dtype"]) == ("float32", "bfloat16")
-    assert set(bitmask_f32["impl"]) >= {"copy", "logitgate", "torch_masked_fill", "xgrammar"}
-    assert all(bitmask_f32["correct"].values())
+    assert bitmask_grammar["mask"].startswith("grammar-like")
+    assert set(bitmask_f32["impl"]) >= {"copy", "logitgate", "logitgate_v2", "torch_masked_fill", "xgrammar"}
+    assert all(bitmask_f32["correct"].values()) and all(bitmask_grammar["correct"].values())
     assert bitmask_f32["impl"]["copy"]["fraction_of_copy"] == pytest.approx(1.0)
     for m in bitmask_f32["impl"].values():
         assert m["us_min"] <= m["us"] <= m["us_max"] and m["gbps"] > 0
-    [sampling] = report["benchmarks"]["sampling"]
-    assert set(sampling["impl"]) == {"one_read_floor", "logitgate", "vllm_torch", "sort_reference"}
+    [sampling, sampling_top_p] = report["benchmarks"]["sampling"]
+    assert "top_k 50" in sampling["case"] and "top_k" not in sampling_top_p["case"]
+    assert set(sampling["impl"]) == {"one_read_floor", "logitgate", "logitgate_v2", "vllm_torch", "sort_reference"}
     assert sampling["vs_one_read_floor"] == pytest.approx(sampling["impl"]["logitgate"]["us"] / sampling["impl"]["one_read_floor"]["us"])
+    assert sampling["correct"] == {"logitgate": True, "logitgate_v2": True}  # the reference's draw with the same noise
     [rejection] = report["benchmarks"]["rejection"]
-    assert set(rejection["impl"]) == {"one_read_floor", "logitgate", "vllm_torch"} and rejection["shape"] == "B=2 k=2 V=1000"
+    assert set(rejection["impl"]) == {"one_read_floor", "logitgate", "logitgate_v2", "vllm_torch"} and rejection["shape"] == "B=2 k=2 V=1000"
+    assert rejection["correct"] == {"logitgate": True, "logitgate_v2": True}
+    # current vs v2 of each op, timed interleaved: the ratio and the faster one, in the JSON and the markdown.
+    assert set(report["variants"]) == {"bitmask", "sampling", "rejection"} and len(report["variants"]["bitmask"]) == 3
+    for op_rows in report["variants"].values():
+        for v in op_rows:
+            assert v["speedup_v2"] == pytest.approx(v["current_us"] / v["v2_us"]) and v["faster"] in ("current", "v2")
+    assert rejection["variants"]["correct"] == {"current": True, "v2": True}
+    assert {"apply_token_bitmask, v2", "rejection_sample, v2"} <= set(report["sync_check"]["parts"])
     [tree] = report["benchmarks"]["tree"]
     assert {"fill_bitmask", "fill_and_apply", "candidates", "advance"} <= set(tree["impl"])
     # The sparse path's kernels against their torch reference, timed and checked equal.
@@ -139,7 +151,8 @@ def test_dry_run_end_to_end_writes_json_and_markdown(gpu_check, tmp_path, monkey
     assert report["benchmarks"]["errors"] == {}
     assert report["tests"]["passed"] == 1 and report["tests"]["passed_all"] is True
     md = (out / "gpu_check.md").read_text()
-    assert "| 2x1000 | float32 | logitgate |" in md and "## Rejection sampling" in md and "1 passed, 0 failed" in md
+    assert "| 2x1000 | float32 | 50% allowed, random | logitgate |" in md and "## Rejection sampling" in md and "1 passed, 0 failed" in md
+    assert "## CUDA kernel variants: current vs v2" in md and "| rejection | B=2 k=2 V=1000, random" in md
     assert "| gather_candidates_torch |" in md and "equal to the torch reference: fill_bitmask True" in md
     assert md.rstrip().endswith("s).") and "Overall: PASS" in md
     assert "[gpu-check] step 1/" in capsys.readouterr().err

@@ -25,6 +25,7 @@ from ..formats import (
     unpack_bitmask,
 )
 from ..sampling_rules import (
+    draw_seeds,
     draw_uniforms,
     exponential_race,
     fallback_tokens,
@@ -42,11 +43,14 @@ from .rejection import (
     rejection_random_accept_reference,
     rejection_recover_exponential_reference,
     rejection_recover_inverse_cdf_reference,
+    rejection_verify_reference,
 )
 from .sampling import (
     apply_top_k_top_p_reference,
     inverse_cdf_sample_reference,
+    race_sample_reference,
     random_sample_reference,
+    sample_from_logits_reference,
 )
 from .tree import (
     candidate_argmax_reference,
@@ -66,6 +70,7 @@ __all__ = [
     "candidate_argmax_reference",
     "candidate_column_tokens",
     "candidate_tokens",
+    "draw_seeds",
     "draw_uniforms",
     "exponential_race",
     "fallback_tokens",
@@ -78,7 +83,9 @@ __all__ = [
     "leading_true_counts",
     "num_bitmask_words",
     "pack_bitmask",
+    "race_sample_reference",
     "random_sample_reference",
+    "sample_from_logits_reference",
     "recovery_weights_reference",
     "rejection_greedy_accept_reference",
     "rejection_output",
@@ -86,6 +93,7 @@ __all__ = [
     "rejection_random_accept_reference",
     "rejection_recover_exponential_reference",
     "rejection_recover_inverse_cdf_reference",
+    "rejection_verify_reference",
     "sample_candidates_reference",
     "spec_layout",
     "tempered_logits",

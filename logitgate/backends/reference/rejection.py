@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import leading_true_counts, spec_layout
+from ..formats import leading_true_counts, rejection_output, spec_layout
 from ..sampling_rules import fallback_tokens, tempered_logits
 
 # Layout: backends/formats.py (spec_layout). Every kernel below returns defined values (0) for
@@ -145,3 +145,40 @@ def rejection_recover_exponential_reference(needed: torch.Tensor, weights: torch
     score = torch.where(weights > 0, weights / noise, -1.0)
     return torch.where(needed, score.argmax(-1), 0).to(torch.int32)
 
+
+
+def rejection_verify_reference(
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    target_logits: torch.Tensor,
+    temperature: torch.Tensor | None,
+    draft_probs: torch.Tensor | None,
+    uniform: torch.Tensor | None,
+    q: torch.Tensor | None,
+    bonus: torch.Tensor,
+    width: int,
+) -> torch.Tensor:
+    """`Backend.rejection_verify`'s output (B, width) with given recovery noise: greedy requests
+    (temperature None: all; else those at temperature 0) accept while the draft is the argmax, the
+    others are verified with `uniform` at their temperature and recover with the race over q
+    (B, V), or by inverse CDF for float64 uniforms q (B,) (the CPU's noise); then the accepted
+    drafts, the correction (or the bonus), -1."""
+    starts, counts, token_request = spec_layout(cu_num_draft_tokens, draft_token_ids.numel())
+    if temperature is None:
+        accepted, correction = rejection_greedy_accept_reference(cu_num_draft_tokens, draft_token_ids, target_logits, None)
+    else:
+        greedy = temperature == 0
+        token_t = temperature.to(torch.float32)[token_request]
+        token_t = torch.where(token_t == 0, 1.0, token_t)
+        g_acc, g_corr = rejection_greedy_accept_reference(cu_num_draft_tokens, draft_token_ids, target_logits, greedy)
+        r_acc, lse = rejection_random_accept_reference(
+            cu_num_draft_tokens, draft_token_ids, target_logits, token_t, draft_probs, uniform, ~greedy
+        )
+        needed, weights = recovery_weights_reference(
+            cu_num_draft_tokens, draft_token_ids, target_logits, token_t, draft_probs, r_acc, lse, ~greedy
+        )
+        recover = rejection_recover_inverse_cdf_reference if q.dim() == 1 else rejection_recover_exponential_reference
+        r_corr = recover(needed, weights, q)
+        accepted, correction = torch.where(greedy, g_acc, r_acc), torch.where(greedy, g_corr, r_corr)
+    final = torch.where(accepted.to(torch.int64) < counts, correction.to(torch.int64), bonus.to(torch.int64))
+    return rejection_output(starts, draft_token_ids, accepted, final, width)

@@ -10,8 +10,10 @@ from ..sampling_rules import (
     exponential_race,
     fallback_tokens,
     fill_exponential,
+    tempered_logits,
     top_k_disabled,
     top_p_threshold,
+    undefined_logit_rows,
     undefined_prob_rows,
 )
 
@@ -56,3 +58,22 @@ def random_sample_reference(probs: torch.Tensor, generators: dict[int, torch.Gen
     q = fill_exponential(torch.empty(probs.shape, dtype=torch.float32, device=probs.device), generators)
     return torch.where(undefined_prob_rows(probs), fallback_tokens(probs), exponential_race(probs, q))
 
+
+
+def race_sample_reference(probs: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """`random_sample` with given race noise q (B, V): argmax(probs / q), a row without a total
+    given its fallback token. int64 (B,)."""
+    return torch.where(undefined_prob_rows(probs), fallback_tokens(probs), exponential_race(probs, q))
+
+
+def sample_from_logits_reference(
+    logits: torch.Tensor, temperature: torch.Tensor | None, k: torch.Tensor | None, p: torch.Tensor | None, q: torch.Tensor
+) -> torch.Tensor:
+    """`Backend.sample_from_logits` with given noise: logits / temperature (per row, None: as they
+    are), top-k, top-p, softmax, then argmax(probs / q) for race noise q (B, V), or the inverse-CDF
+    draw for float64 uniforms q (B,) (the CPU's noise); a row of the tempered logits without a
+    distribution gives its fallback token. int64 (B,)."""
+    z = tempered_logits(logits, temperature)
+    probs = apply_top_k_top_p_reference(z.clone(), k, p).softmax(dim=-1)
+    drawn = inverse_cdf_sample_reference(probs, q) if q.dim() == 1 else exponential_race(probs, q)
+    return torch.where(undefined_logit_rows(z), fallback_tokens(z), drawn)

@@ -75,3 +75,83 @@ def apply_token_bitmask_triton(
         HAS_ROWS=rows is not None,
         BLOCK=block,
     )
+
+
+# ---- v2 (LOGITGATE_CUDA_KERNELS=bitmask=v2): one tile per program, per-lane bits ----
+#
+# Every lane reads the word that holds its own bit (`word[offs >> 5] >> (offs & 31)`; the 32 lanes
+# of a word hit one address, served by one transaction), so no (words, 32) mask is built and
+# reshaped through shared memory. A tile then costs what its bits need: nothing when every token
+# is allowed, a store of -inf without a read when none is, a predicated store when few lanes are
+# blocked, and otherwise a vector load, select and full store, which writes whole sectors (a
+# predicated store of scattered lanes writes partial sectors, which DRAM turns into
+# read-modify-writes, and 16-bit lanes one at a time).
+
+# A tile with fewer blocked lanes than 1 / SPARSE_STORE_FRACTION of its lanes gets a predicated store.
+SPARSE_STORE_FRACTION = 16
+TILE_BYTES = 16384  # 4096 float32 or 8192 bf16/fp16 tokens per program
+
+
+@triton.jit
+def _apply_token_bitmask_tile_kernel(
+    bits_ptr,
+    bitmask_ptr,
+    rows_ptr,
+    vocab_size,
+    tiles_per_row,
+    logits_row_stride,
+    bitmask_row_stride,
+    neg_inf_bits,
+    HAS_ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SPARSE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    r = pid // tiles_per_row
+    if HAS_ROWS:
+        row = tl.load(rows_ptr + r).to(tl.int64)
+    else:
+        row = r.to(tl.int64)
+    start = (pid % tiles_per_row) * BLOCK
+    offs = start + tl.arange(0, BLOCK)
+    inside = offs < vocab_size
+    words = tl.load(bitmask_ptr + row * bitmask_row_stride + (offs >> 5), mask=inside, other=-1)
+    allowed = ((words >> (offs & 31)) & 1) != 0
+    blocked = inside & ~allowed
+    num_blocked = tl.sum(blocked.to(tl.int32), axis=0)
+    num_inside = tl.minimum(vocab_size - start, BLOCK)
+    ptrs = bits_ptr + row * logits_row_stride + offs
+    if num_blocked == num_inside:
+        tl.store(ptrs, neg_inf_bits.to(bits_ptr.dtype.element_ty), mask=inside)
+    elif num_blocked * SPARSE < num_inside:
+        if num_blocked > 0:
+            tl.store(ptrs, neg_inf_bits.to(bits_ptr.dtype.element_ty), mask=blocked)
+    else:
+        x = tl.load(ptrs, mask=inside, other=0)
+        tl.store(ptrs, tl.where(allowed, x, neg_inf_bits.to(bits_ptr.dtype.element_ty)), mask=inside)
+
+
+def apply_token_bitmask_tiles_triton(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None, vocab_size: int, *, num_warps: int = 8
+) -> None:
+    """In-place apply on 2-D validated tensors, one program per (row, tile of TILE_BYTES)."""
+    num_rows = logits.shape[0] if rows is None else rows.numel()
+    if num_rows == 0 or vocab_size == 0:
+        return
+    block = min(TILE_BYTES // logits.element_size(), max(32, triton.next_power_of_2(vocab_size)))
+    tiles_per_row = triton.cdiv(vocab_size, block)
+    bits = logits.view(INT_VIEW[logits.dtype])
+    _apply_token_bitmask_tile_kernel[(num_rows * tiles_per_row,)](
+        bits,
+        bitmask,
+        rows if rows is not None else bitmask,  # unused when HAS_ROWS is False
+        vocab_size,
+        tiles_per_row,
+        logits.stride(0),
+        bitmask.stride(0),
+        int(NEG_INF_BITS[logits.dtype]),
+        HAS_ROWS=rows is not None,
+        BLOCK=block,
+        SPARSE=SPARSE_STORE_FRACTION,
+        num_warps=num_warps,
+    )
