@@ -16,7 +16,7 @@
     LOGITGATE_VLLM_DEVICES              comma list                cpu                          device types whose vLLM calls run on logitgate's kernels (cpu, cuda, npu)
     LOGITGATE_VLLM_SEEDED               vllm, logitgate           vllm                         who draws seeded rows and fp64-Gumbel calls in vLLM (vllm: the tokens vLLM gives per seed)
     LOGITGATE_VLLM_METRICS_DIR          path                      set by the plugin            where a vLLM server's processes leave logitgate's counters for /metrics (not for operators)
-    LOGITGATE_CUDA_KERNELS              variant, op=variant list  current                      CUDA kernel variant per op: current or v2, for all (v2) or per op (bitmask=v2,sampling=current,rejection=v2)
+    LOGITGATE_CUDA_KERNELS              variant, op=variant list  sampling, rejection v2       CUDA kernel variant per op: current or v2, for all (v2) or per op (bitmask=v2,sampling=current,rejection=v2)
     LOGITGATE_VLLM_PYTHON               path                      this interpreter             scripts/bench_vllm.py: the interpreter with a vLLM engine
     LOGITGATE_GPU_SITE                  path                      set by the script            scripts/gpu_check.py: its package directory, for its child processes
 
@@ -86,7 +86,7 @@ VARIABLES: dict[str, Variable] = _declare(
     Variable("LOGITGATE_VLLM_METRICS_DIR", "path", "set by the plugin",
              "where a vLLM server's processes leave logitgate's counters for /metrics (not for operators)",
              "logitgate.integrations.vllm.metrics"),
-    Variable("LOGITGATE_CUDA_KERNELS", "variant, op=variant list", "current",
+    Variable("LOGITGATE_CUDA_KERNELS", "variant, op=variant list", "sampling, rejection v2",
              "CUDA kernel variant per op: current or v2, for all (v2) or per op (bitmask=v2,sampling=current,rejection=v2)",
              "logitgate.backends.variants"),
     Variable("LOGITGATE_VLLM_PYTHON", "path", "this interpreter",

@@ -16,7 +16,11 @@ decides between them (scripts/gpu_check.py times both in one process):
                requests in one pass, noise generated in the kernel for the rejected rows only.
 
 The value is `current` or `v2` for every operation, or a comma list `op=variant` (operations not
-named keep `current`). It is read at every call (no restart needed, and a benchmark can switch
+named keep their default). The defaults are what the H200 run of 2026-11-26 measured faster
+(docs/gpu-check.md): v2 for sampling (3.18x at top-k 50 / top-p 0.9, 1.15x at top-p alone) and
+rejection (2.02x); current for the bitmask, which was faster on grammar-like masks (rows allowing
+0.1% or 99.9% of the vocabulary: 15.3 vs 18.2 us at 64x128256), the masks grammars produce, while v2
+was faster on random 50% masks (1.35-1.98x). It is read at every call (no restart needed, and a benchmark can switch
 between calls); only backends/ consults it.
 """
 from __future__ import annotations
@@ -30,13 +34,13 @@ from .. import envs
 ENV = "LOGITGATE_CUDA_KERNELS"
 OPS = ("bitmask", "sampling", "rejection")
 VARIANTS = ("current", "v2")
-DEFAULT = "current"
+DEFAULTS = {"bitmask": "current", "sampling": "v2", "rejection": "v2"}  # measured: the module docstring
 
 
 @functools.lru_cache(maxsize=16)
 def parse(value: str | None) -> dict[str, str]:
-    """op -> variant for every op, from the variable's text (None: every op `current`)."""
-    chosen = dict.fromkeys(OPS, DEFAULT)
+    """op -> variant for every op, from the variable's text (None: DEFAULTS)."""
+    chosen = dict(DEFAULTS)
     text = (value or "").strip()
     if not text:
         return chosen

@@ -25,6 +25,12 @@ from .. import envs
 
 logger = logging.getLogger(__name__)
 
+
+class VocabularyUnavailable(RuntimeError):
+    """The vocabularies cannot be had here: their source distribution is not cached and the package
+    registry cannot be reached (a machine without network). Tests and executed docs skip on it,
+    naming why; everything else gets it as the RuntimeError it is."""
+
 SDIST_PACKAGE = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
 _MEMBER_DIR = "vendor/llama.cpp/models"
@@ -71,7 +77,7 @@ def _sdist_path() -> Path:
     done = subprocess.run(cmd, capture_output=True, text=True)
     found = sorted(folder.glob(pattern))
     if not found:
-        raise RuntimeError(
+        raise VocabularyUnavailable(
             f"could not download {SDIST_PACKAGE}=={SDIST_VERSION} from the package registry into "
             f"{folder} (pip exit {done.returncode}): {done.stderr.strip()[-500:]}\n"
             f"retry with: {' '.join(cmd)}"

@@ -12,6 +12,8 @@ llama_cpp = pytest.importorskip(
     reason="llama-cpp-python is not installed: `make test` builds it from its source distribution into .whl/"
     + (f"; the last build log is {_LOG}" if _LOG.exists() else ""),
 )
+if not hasattr(llama_cpp, "Llama"):  # without the package, this very folder imports as a namespace `llama_cpp`
+    pytest.skip("llama-cpp-python is not installed (`llama_cpp` is only this test folder here)", allow_module_level=True)
 
 
 def _tiny_model(vocab):
