@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from logitgate.integrations.vllm import ops, patches, patching, plugin, tree_route
+from logitgate.integrations.vllm import patches, patching, plugin
 from logitgate.integrations.vllm.patching import ALWAYS, FIX, Patch, PatchError
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -33,7 +33,7 @@ def test_every_row_says_why_until_and_whether_it_is_required():
     for row in patches.PATCHES:
         assert len(row.why) > 20 and len(row.until) > 10, row.name
         assert isinstance(row.required, bool), row.name
-        assert row.op in plugin.ALL_OPS | {FIX, ALWAYS}, row.name
+        assert row.op in frozenset(patches.OPS) | {FIX, ALWAYS}, row.name
         assert row.is_write == (row.replacement is None) and (not row.is_write or row.writer), row.name
     assert len({(row.name, row.is_write) for row in patches.PATCHES}) == len(patches.PATCHES)
 
@@ -51,8 +51,8 @@ def test_tree_rows_are_required_and_kernel_rows_only_warn():
     off_loop = {"vllm.v1.engine.async_llm.AsyncLLM.add_request"}
     assert all(row.required != (row.name in off_loop) for row in patches.TREE_PATCHES if row.op == "tree")
     assert all(not row.required for row in patches.KERNEL_PATCHES)
-    assert [row.name for row in ops.TARGETS] == [row.name for row in patches.KERNEL_PATCHES]
-    assert set(patches.OPS) | {"tree"} == plugin.ALL_OPS
+    assert patches.OPS == (*patches.KERNEL_OPS, "tree")  # the operation names, declared once
+    assert {row.op for row in patches.PATCHES} == set(patches.OPS) | {FIX, ALWAYS}
 
 
 def test_the_table_imports_neither_torch_nor_vllm():
@@ -277,8 +277,30 @@ def test_write_rows_are_checked_not_installed(fake_vllm, caplog):
         patching.install((Patch("a", "lg_fake_vllm:Child", "gone", "w" * 30, "u" * 20, True, writer="t"),), {"a"})
 
 
-def test_ops_install_keeps_its_selection_rules():
-    with pytest.raises(ValueError, match="unknown vLLM operation"):
-        ops.install({"bitmask", "tree"})
-    assert ops.OPS == patches.OPS and ops.FIX == FIX
-    assert callable(tree_route.install) and callable(tree_route.uninstall)
+def test_the_one_installer_refuses_unknown_operations():
+    with pytest.raises(ValueError, match="unknown vLLM operation.*nosuch"):
+        plugin.install({"bitmask", "nosuch"})
+
+
+# Names in the plugin's source that look like logitgate's attributes but are not written on vLLM objects.
+NOT_ATTRIBUTES = {"logitgate_tree_admission": "the name of tree/admission.py's ContextVar"}
+
+
+def test_every_attribute_logitgate_keeps_on_vllm_objects_is_a_row():
+    """The patch table is the only door: every `_logitgate_*` / `logitgate_*` name in the plugin's
+    source (what it keeps on vLLM's schedulers, managers, requests, runners, outputs, params) is
+    the attribute of a write row, so a vLLM that renames or slots the object is caught at start-up.
+    (metrics.py's names are Prometheus counters, not attributes.)"""
+    import re
+
+    rows = {row.attr for row in patches.PATCHES}
+    found = {}
+    for path in Path(patches.__file__).parent.rglob("*.py"):
+        if path.name == "metrics.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"_?logitgate_\w+", node.value):
+                found.setdefault(node.value, path.name)
+    assert found, "the scan found nothing: has the plugin moved?"
+    missing = {name: where for name, where in found.items() if name not in rows and name not in NOT_ATTRIBUTES}
+    assert not missing, f"attributes written on vLLM objects without a row in patches.py: {missing}"

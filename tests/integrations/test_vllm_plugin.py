@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from logitgate.integrations.vllm import plugin
-from logitgate.integrations.vllm.tree_args import GLOBAL_TREE_ENV, TREE_DIR_ENV, resolve_tree_args, tree_request_for
+from logitgate.integrations.vllm import patches, plugin
+from logitgate.integrations.vllm.tree.args import GLOBAL_TREE_ENV, TREE_DIR_ENV, resolve_tree_args, tree_request_for
 
 CONFIG = {"start_token_id": 40, "end_token_id": 2, "prefix_dict": {"40": [10, 11], "40_10": [12]}}
 
 
 @pytest.mark.parametrize("value, expected", [
-    (None, plugin.ALL_OPS), ("", plugin.ALL_OPS), ("all", plugin.ALL_OPS), ("none", frozenset()),
+    (None, frozenset(patches.OPS)), ("", frozenset(patches.OPS)), ("all", frozenset(patches.OPS)), ("none", frozenset()),
     ("tree", {"tree"}), (" Bitmask, sampler ", {"bitmask", "sampler"}), ("rejection,tree,", {"rejection", "tree"}),
 ])
 def test_ops_selection(value, expected):
@@ -32,35 +32,8 @@ def test_unknown_ops_are_an_error_not_a_silent_default():
         plugin.selected_ops("none,tree")
 
 
-def test_ops_module_is_optional_but_its_own_import_errors_are_not_hidden(monkeypatch):
-    real_import = plugin.importlib.import_module
-
-    def missing(name, *args):
-        if name.endswith(".ops"):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return real_import(name, *args)
-
-    monkeypatch.setattr(plugin.importlib, "import_module", missing)
-    assert plugin._install_ops(frozenset({"bitmask"})) == []
-
-    def broken(name, *args):
-        if name.endswith(".ops"):
-            raise ModuleNotFoundError("No module named 'somedep'", name="somedep")
-        return real_import(name, *args)
-
-    monkeypatch.setattr(plugin.importlib, "import_module", broken)
-    with pytest.raises(ModuleNotFoundError, match="somedep"):
-        plugin._install_ops(frozenset({"bitmask"}))
-
-    calls = []
-    fake = types.SimpleNamespace(install=lambda ops: calls.append(ops) or ["vllm.x.apply (logitgate)"])
-    monkeypatch.setattr(plugin.importlib, "import_module", lambda name, *a: fake if name.endswith(".ops") else real_import(name, *a))
-    assert plugin._install_ops(frozenset({"bitmask", "tree"})) == ["vllm.x.apply (logitgate)"]
-    assert calls == [{"bitmask", "tree"}]
-
-
 def test_importing_the_plugin_loads_no_numba():
-    code = ("import sys; import logitgate.integrations.vllm.plugin as p; import logitgate.integrations.vllm.tree_args;"
+    code = ("import sys; import logitgate.integrations.vllm.plugin as p; import logitgate.integrations.vllm.tree.args;"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('numba', 'llvmlite', 'torch')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -123,7 +96,7 @@ def test_names_resolve_in_the_operators_directory(monkeypatch, tmp_path):
 def test_a_request_object_is_resolved_once(monkeypatch, tmp_path):
     """The front end's resolve is kept on the params: the engine, given the same object in the same
     process, does not look the names up again; new extra_args or a changed tree directory resolve anew."""
-    from logitgate.integrations.vllm import tree_args
+    from logitgate.integrations.vllm.tree import args as tree_args
 
     (tmp_path / "catalog.json").write_text(json.dumps(CONFIG))
     monkeypatch.setenv(TREE_DIR_ENV, str(tmp_path))
@@ -165,8 +138,8 @@ def test_a_server_wide_tree_over_the_byte_limit_stops_start_up_as_its_requests_w
     """The start-up check reads the server-wide tree as every request's admission does: within
     LOGITGATE_TREE_MAX_BYTES (a file past it used to pass start-up, then fail every request with a
     400), and with or without a UTF-8 byte-order mark."""
-    from logitgate.integrations.vllm.tree_admission import admit
-    from logitgate.integrations.vllm.tree_args import check_global_tree
+    from logitgate.integrations.vllm.tree.admission import admit
+    from logitgate.integrations.vllm.tree.args import check_global_tree
 
     path = tmp_path / "global.json"
     text = json.dumps(CONFIG)

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from logitgate import TreeDFA
-from logitgate.integrations.vllm.tree_admission import admit
-from logitgate.integrations.vllm.tree_args import tree_request_for
+from logitgate.integrations.vllm.tree.admission import admit
+from logitgate.integrations.vllm.tree.args import tree_request_for
 from logitgate.sampling import SamplingParams
 from logitgate.tree_limits import TreeTooLarge
 
@@ -68,7 +68,7 @@ def test_the_operators_trees_are_limited_alike_and_parsed_once_per_content(monke
 
 
 def test_a_tree_sent_again_is_not_parsed_again(monkeypatch):
-    from logitgate.integrations.vllm import tree_admission
+    from logitgate.integrations.vllm.tree import admission as tree_admission
 
     text = json.dumps({**CONFIG, "prefix_dict": {**CONFIG["prefix_dict"], "40_11": [2]}})
     admit(request(tree_decode=text), V, None)
@@ -151,7 +151,7 @@ def large_trie(leaves: int = 4000, bad_token: int | None = None) -> str:
 def test_a_large_tree_is_parsed_in_the_admission_process(monkeypatch):
     """Above INLINE_MAX_BYTES the parse runs in the admission process, never in this one, with the
     outcome a parse here would give: the shape, or the same message for a bad tree."""
-    from logitgate.integrations.vllm import tree_admission
+    from logitgate.integrations.vllm.tree import admission as tree_admission
 
     text, bad = large_trie(), large_trie(bad_token=V)
     assert len(text) > tree_admission.INLINE_MAX_BYTES
@@ -174,8 +174,8 @@ def test_an_admission_process_that_ends_fails_that_parse_alone(tmp_path):
     import time
     from pathlib import Path
 
-    from logitgate.integrations.vllm import tree_admission_process
-    from logitgate.integrations.vllm.tree_admission import Job
+    from logitgate.integrations.vllm.tree import admission_process as tree_admission_process
+    from logitgate.integrations.vllm.tree.admission import Job
     from logitgate.tree_limits import TreeLimits
 
     fifo = tmp_path / "never-written"
@@ -204,7 +204,7 @@ def test_admission_ahead_is_handed_to_process_inputs():
     import asyncio
     import threading
 
-    from logitgate.integrations.vllm import tree_admission
+    from logitgate.integrations.vllm.tree import admission as tree_admission
 
     parsed_on = []
     real = tree_admission._admit

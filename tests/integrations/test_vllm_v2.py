@@ -210,25 +210,26 @@ def test_rows_follow_committed_tokens_drafts_and_recycled_slots(processor):
 
 
 def test_requests_are_left_to_the_structured_output_route_where_the_plugin_installed_it(processor, monkeypatch):
-    from logitgate.integrations.vllm import tree_route
+    from logitgate.integrations.vllm.tree import route as tree_route
 
     proc, _ = processor
-    monkeypatch.setattr(tree_route, "_installed", True)
+    monkeypatch.setattr(tree_route, "is_installed", lambda: True)
     assert not proc.add_request(0, SamplingParams(extra_args={"tree_decode": CONFIG}))
 
 
 def test_the_v1_class_also_leaves_tree_requests_to_the_route(monkeypatch):
     from vllm.v1.sample import logits_processor as v1
 
-    from logitgate.integrations.vllm import TreeDecode, tree_route
+    from logitgate.integrations.vllm import TreeDecode
+    from logitgate.integrations.vllm.tree import route as tree_route
 
     proc = TreeDecode(vllm_config(), torch.device("cpu"), False)
-    monkeypatch.setattr(tree_route, "_installed", True)
+    monkeypatch.setattr(tree_route, "is_installed", lambda: True)
     builder = v1.BatchUpdateBuilder()
     builder.added.append((0, SamplingParams(extra_args={"tree_decode": CONFIG}), [40], []))
     proc.update_state(builder.get_and_reset(1))
     assert torch.equal(proc.apply(torch.zeros(1, V)), torch.zeros(1, V))
-    monkeypatch.setattr(tree_route, "_installed", False)
+    monkeypatch.setattr(tree_route, "is_installed", lambda: False)
     builder.added.append((1, SamplingParams(extra_args={"tree_decode": CONFIG}), [40], []))
     proc.update_state(builder.get_and_reset(2))
     assert allowed(proc.apply(torch.zeros(2, V))[1]) == [10, 11, 12]

@@ -96,7 +96,7 @@ def count_tree_drafts() -> dict:
     VLLM_ENABLE_V1_MULTIPROCESSING=0). The dict fills as the engine runs."""
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
         raise RuntimeError("counting drafts needs the engine core in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0")
-    from logitgate.integrations.vllm.tree_grammar import TreeOutputGrammar
+    from logitgate.integrations.vllm.tree.grammar import TreeOutputGrammar
 
     counts = {"proposed": 0, "kept": 0}
     original = TreeOutputGrammar.validate_tokens

@@ -159,9 +159,9 @@ def test_fills_are_counted_where_they_run_and_the_wait_where_the_engine_waits():
 def test_parallel_fill_of_vllms_manager_with_tree_grammars_fills_the_same_rows():
     from concurrent.futures import ThreadPoolExecutor
 
-    from logitgate.integrations.vllm import tree_route
+    from logitgate.integrations.vllm import plugin
 
-    tree_route.install()
+    plugin.install({"tree"})
     walks = [[], [10, 13], [12, 16], [11]]  # the manager holds 4 rows
 
     def fill(parallel: bool):

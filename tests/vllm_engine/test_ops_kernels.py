@@ -20,7 +20,7 @@ import vllm.v1.sample.rejection_sampler as rs  # noqa: E402
 import vllm.v1.structured_output.utils as so_utils  # noqa: E402
 from vllm.v1.sample.sampler import Sampler  # noqa: E402
 
-from logitgate.integrations.vllm import ops  # noqa: E402
+from logitgate.integrations.vllm import patches, patching, plugin  # noqa: E402
 
 use_cpu_rejection_kernels()
 ALPHA = 1e-6
@@ -29,13 +29,13 @@ ALPHA = 1e-6
 @pytest.fixture
 def patched():
     """ops.install for every operation; vLLM's originals are back after the test."""
-    ops.uninstall()
-    yield ops.install(set(ops.OPS))
-    ops.uninstall()
+    plugin.uninstall()
+    yield plugin.install(patches.KERNEL_OPS)
+    plugin.uninstall()
 
 
 def calls(name: str) -> int:
-    return ops.installed()[name].routed_calls
+    return patching.installed(patches.PATCHES)[name].routed_calls
 
 
 # ---- install ----
@@ -49,23 +49,23 @@ import sys
 import vllm.v1.sample.rejection_sampler as rs, vllm.v1.sample.ops.topk_topp_sampler as tt
 import vllm.v1.structured_output.utils as so
 before = (rs.rejection_sample, tt.TopKTopPSampler.forward_cpu, so.__dict__['xgr'])
-from logitgate.integrations.vllm import ops
-first = ops.install({"bitmask", "sampler", "rejection"})
-second = ops.install({"bitmask", "sampler", "rejection"})
+from logitgate.integrations.vllm import patches, patching, plugin
+first = plugin.install({"bitmask", "sampler", "rejection"})
+second = plugin.install({"bitmask", "sampler", "rejection"})
 assert first == second and len(first) == 7, (first, second)
 assert "vllm.v1.sample.rejection_sampler.expand_batch_to_tokens" in first  # the vLLM-CPU fix comes with any selection
 assert rs.rejection_sample.__logitgate_original__ is before[0]
 assert tt.TopKTopPSampler.forward_cpu.__logitgate_original__ is before[1]
 assert so.__dict__['xgr'].__logitgate_original__ is before[2]
 assert "numba" not in sys.modules and "llvmlite" not in sys.modules
-assert ops.install({"bitmask"}) == ["vllm.v1.structured_output.utils.xgr", "vllm.v1.sample.rejection_sampler.expand_batch_to_tokens"]
+assert plugin.install({"bitmask"}) == ["vllm.v1.structured_output.utils.xgr", "vllm.v1.sample.rejection_sampler.expand_batch_to_tokens"]
 from vllm.v1.core.sched.scheduler import Scheduler
 schedule = Scheduler.schedule
-assert ops.install({"fill"}) == ["vllm.v1.core.sched.scheduler.Scheduler.schedule",
+assert plugin.install({"fill"}) == ["vllm.v1.core.sched.scheduler.Scheduler.schedule",
     "vllm.v1.core.sched.scheduler.Scheduler.get_grammar_bitmask", "vllm.v1.sample.rejection_sampler.expand_batch_to_tokens"]
 assert Scheduler.schedule.__logitgate_original__ is schedule
 first += ["vllm.v1.core.sched.scheduler.Scheduler.schedule", "vllm.v1.core.sched.scheduler.Scheduler.get_grammar_bitmask"]
-assert sorted(ops.uninstall()) == sorted(first)
+assert sorted(plugin.uninstall()) == sorted(first)
 assert (rs.rejection_sample, tt.TopKTopPSampler.forward_cpu, so.__dict__['xgr']) == before
 assert Scheduler.schedule is schedule
 print("OK")
@@ -76,11 +76,11 @@ print("OK")
 
 def test_install_rejects_unknown_operation_and_device(monkeypatch):
     with pytest.raises(ValueError, match="unknown vLLM operation.*tree"):
-        ops.install({"bitmask", "tree"})
+        plugin.install({"bitmask", "tree"})
     monkeypatch.setenv("LOGITGATE_VLLM_DEVICES", "cpu,tpu")
     with pytest.raises(ValueError, match="LOGITGATE_VLLM_DEVICES.*tpu"):
-        ops.install({"bitmask"})
-    assert ops.installed() == {}
+        plugin.install({"bitmask"})
+    assert patching.installed(patches.PATCHES) == {}
 
 
 # ---- grammar bitmask ----
@@ -109,10 +109,10 @@ def grammar_case(rng: np.random.Generator, vocab: int, dtype: torch.dtype):
 def test_apply_grammar_bitmask_identical(patched, dtype, vocab):
     rng = np.random.default_rng(vocab)
     scheduler_output, grammar_output, input_batch, logits = grammar_case(rng, vocab, dtype)
-    ops.uninstall()
+    plugin.uninstall()
     expected = logits.clone()
     so_utils.apply_grammar_bitmask(scheduler_output, grammar_output, input_batch, expected)
-    ops.install({"bitmask"})
+    plugin.install({"bitmask"})
     got = logits.clone()
     so_utils.apply_grammar_bitmask(scheduler_output, grammar_output, input_batch, got)
     assert calls("vllm.v1.structured_output.utils.xgr") == 1
@@ -175,10 +175,10 @@ def test_sampler_greedy_rows_identical(patched):
     gen = torch.Generator().manual_seed(1)
     logits = torch.randn(32, 5000, generator=gen)
     temperature = [0.0 if i % 3 == 0 else 0.8 for i in range(32)]
-    ops.uninstall()
+    plugin.uninstall()
     expected = sample(logits, sampling_metadata(32, temperature))
     expected_all_greedy = sample(logits, sampling_metadata(32))
-    ops.install(set(ops.OPS))
+    plugin.install(patches.KERNEL_OPS)
     got = sample(logits, sampling_metadata(32, temperature))
     assert calls("vllm.v1.sample.ops.topk_topp_sampler.TopKTopPSampler.forward_cpu") == 1
     greedy = torch.tensor(temperature) == 0
@@ -199,7 +199,7 @@ def test_sampler_seeded_rows_reproducible(patched):
     assert not torch.equal(first[seeded_rows], other[seeded_rows])
     # A batch with seeded rows is sampled as vLLM samples it (LOGITGATE_VLLM_SEEDED=vllm, the
     # default): the same seeds give vLLM's own tokens.
-    ops.uninstall()
+    plugin.uninstall()
     as_vllm = sample(logits, sampling_metadata(16, temperature, seeded(rows, 100)))
     assert torch.equal(first[seeded_rows], as_vllm[seeded_rows])
 
@@ -210,10 +210,10 @@ def test_sampler_processed_logprobs_modes(patched, mode):
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(8, 2000, generator=gen) * 2
     k = torch.full((8,), 40, dtype=torch.int32)
-    ops.uninstall()
+    plugin.uninstall()
     original = topk_topp.TopKTopPSampler(mode)
     _, expected = original(logits.clone(), {}, k, None)
-    ops.install(set(ops.OPS))
+    plugin.install(patches.KERNEL_OPS)
     ours = topk_topp.TopKTopPSampler(mode)
     tokens, got = ours(logits.clone(), {}, k, None)
     assert torch.equal(got, expected)
@@ -404,7 +404,7 @@ def test_ascend_rejection_adapter_routes_only_plain_verification(config, routed)
     with vLLM's function standing in for vllm-ascend's original (the same layout and arguments,
     plus ori_target_logits): plain verification runs through logitgate (greedy requests get vLLM's tokens);
     reduce-sample, block and entropy verification go to the original."""
-    from logitgate.integrations.vllm.replacements import ascend_rejection_sample_replacement
+    from logitgate.integrations.vllm.kernels.replacements import ascend_rejection_sample_replacement
 
     seen = []
 

@@ -13,7 +13,8 @@ from ops_helpers import needs_vllm_cpu, require_vllm_runtime
 pytestmark = needs_vllm_cpu
 require_vllm_runtime()
 
-from logitgate.integrations.vllm import ops, patches, patching, tree_route  # noqa: E402
+from logitgate.integrations.vllm import patches, patching, plugin  # noqa: E402
+from logitgate.integrations.vllm.tree import route as tree_route  # noqa: E402
 
 VLLM_ROWS = [row for row in patches.PATCHES if row.optional_package is None]
 
@@ -43,27 +44,27 @@ def pristine():
     """vLLM's originals in place (another module of this suite may have installed the tree route)
     and put back as they were found afterwards."""
     tree_was = tree_route.is_installed()
-    ops.uninstall()
-    tree_route.uninstall()
+    plugin.uninstall()
+    plugin.uninstall()
     for row in VLLM_ROWS:
         importlib.import_module(row.module_name)  # so only_if_loaded rows are installed too
     yield
-    ops.uninstall()
-    tree_route.uninstall()
+    plugin.uninstall()
+    plugin.uninstall()
     if tree_was:
-        tree_route.install()
+        plugin.install({"tree"})
 
 
 def test_install_then_uninstall_restores_every_name_exactly(pristine):
     before = _snapshot()
-    replaced = ops.install(set(ops.OPS)) + tree_route.install()
+    replaced = plugin.install(patches.KERNEL_OPS) + plugin.install({"tree"})
     assert sorted(replaced) == sorted(row.name for row in VLLM_ROWS if not row.is_write)
     assert all(getattr(value, "__logitgate_original__", None) is not None
                for value in patching.installed(patches.PATCHES).values())
-    assert ops.install(set(ops.OPS)) == [row.name for row in patches.KERNEL_PATCHES
+    assert plugin.install(patches.KERNEL_OPS) == [row.name for row in patches.KERNEL_PATCHES
                                          if row.optional_package is None and not row.is_write]
-    assert tree_route.install() == []  # once per process
-    restored = ops.uninstall() + tree_route.uninstall()
+    assert plugin.install({"tree"}) == []  # once per process
+    restored = plugin.uninstall() + plugin.uninstall()
     assert sorted(restored) == sorted(replaced)
     assert _snapshot() == before
     assert patching.installed(patches.PATCHES) == {}
@@ -73,7 +74,7 @@ def test_without_tree_only_the_always_rows_of_the_tree_route_are_installed(prist
     from vllm.v1.structured_output import StructuredOutputManager
 
     original = StructuredOutputManager.grammar_init
-    replaced = tree_route.install(serve=False)
+    replaced = plugin.install(set())
     assert sorted(replaced) == sorted(row.name for row in patches.TREE_PATCHES
                                       if row.op == patching.ALWAYS and not row.is_write)
     assert StructuredOutputManager.grammar_init is original and not tree_route.is_installed()
@@ -94,10 +95,10 @@ def test_the_admission_row_serves_or_refuses_trees_as_install_said(pristine):
     front_end = SimpleNamespace(model_config=SimpleNamespace(get_vocab_size=lambda: 48, logits_processors=None))
     tree = SamplingParams(extra_args={"tree_decode": {"start_token_id": 40, "end_token_id": 2,
                                                       "prefix_dict": {"40": [10, 2]}}})
-    tree_route.install(serve=False)
+    plugin.install(set())
     with pytest.raises(VLLMValidationError, match="leaves out 'tree'"):
         process_inputs(front_end, "r1", None, tree)
     assert process_inputs(front_end, "r2", None, SamplingParams()).prompt_token_ids == [40]
-    tree_route.uninstall()
-    tree_route.install(serve=True)
+    plugin.uninstall()
+    plugin.install({"tree"})
     assert process_inputs(front_end, "r3", None, tree).sampling_params is tree

@@ -365,7 +365,7 @@ def test_rows_in_a_forced_state_and_rows_that_cannot_sample_first_are_filled(tok
 
 
 def test_tree_rows_are_filled_first(tokenizer):
-    from logitgate.integrations.vllm.tree_grammar import TreeOutputGrammar
+    from logitgate.integrations.vllm.tree.grammar import TreeOutputGrammar
 
     assert TreeOutputGrammar.samples_first is False  # the scheduler reads this (scheduler._candidate)
 

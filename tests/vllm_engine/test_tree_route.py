@@ -25,7 +25,7 @@ CONFIG = {"start_token_id": 40, "end_token_id": EOS, "prefix_dict": {
 
 
 @pytest.mark.parametrize("ops, patched_by", [
-    ("tree", "logitgate.integrations.vllm.tree_route"),
+    ("tree", "logitgate.integrations.vllm.tree.route"),
     ("none", "vllm.v1.structured_output"),
     ("bitmask,sampler,rejection", "vllm.v1.structured_output"),
 ])
@@ -46,9 +46,10 @@ def test_register_patches_what_is_selected_and_loads_no_numba(ops, patched_by):
 
 @pytest.fixture(scope="module")
 def route():
-    from logitgate.integrations.vllm import tree_route
+    from logitgate.integrations.vllm import plugin
+    from logitgate.integrations.vllm.tree import route as tree_route
 
-    tree_route.install()
+    plugin.install({"tree"})
     return tree_route
 
 
@@ -90,7 +91,7 @@ def allowed(row):
 def test_tree_requests_become_structured_output_requests(route):
     from vllm.v1.request import RequestStatus
 
-    from logitgate.integrations.vllm.tree_grammar import TreeOutputGrammar, TreeOutputRequest
+    from logitgate.integrations.vllm.tree.grammar import TreeOutputGrammar, TreeOutputRequest
 
     manager = manager_for(0)
     tree_req = request("t", {"tree_decode": CONFIG})
@@ -200,9 +201,9 @@ def test_without_the_tree_op_tree_requests_are_refused_unless_a_processor_serves
     with pytest.raises(ValueError, match="LOGITGATE_VLLM_OPS=.*leaves out 'tree'"):
         route._front_end_check(params, lambda: V, served=False)
     assert route._front_end_check(SamplingParams(), lambda: V, served=False) is None
-    for name in ("logitgate.integrations.vllm:TreeDecode", "logitgate.integrations.vllm.logits_processor.TreeDecodeLogitsProcessor"):
+    for name in ("logitgate.integrations.vllm:TreeDecode", "logitgate.integrations.vllm.processors.tree_decode.TreeDecodeLogitsProcessor"):
         assert route._has_tree_processor(SimpleNamespace(logits_processors=[name]))
-    from logitgate.integrations.vllm.logits_processor_v2 import TreeDecode
+    from logitgate.integrations.vllm.processors.tree_decode_v2 import TreeDecode
 
     assert route._has_tree_processor(SimpleNamespace(logits_processors=[TreeDecode]))
     assert not route._has_tree_processor(SimpleNamespace(logits_processors=["mypkg:TreeDecode", "x.y:Other"]))
@@ -234,7 +235,7 @@ def test_a_tree_name_the_file_system_refuses_is_the_clients_error(monkeypatch, t
     import errno
     from pathlib import Path
 
-    from logitgate.integrations.vllm.tree_args import resolve_tree_args
+    from logitgate.integrations.vllm.tree.args import resolve_tree_args
 
     monkeypatch.setenv("LOGITGATE_TREE_DIR", str(tmp_path))
     with pytest.raises(ValueError, match="at most 200 characters, got 300"):
@@ -271,7 +272,7 @@ def test_a_broken_server_wide_tree_fails_plugin_registration(tmp_path, content, 
 def test_trees_compile_off_the_engines_scheduling_thread(route, monkeypatch):
     import threading
 
-    from logitgate.integrations.vllm import tree_grammar
+    from logitgate.integrations.vllm.tree import grammar as tree_grammar
 
     threads = []
     original = tree_grammar.compile_tree_grammar

@@ -1,9 +1,17 @@
-"""logitgate inside vLLM.
+"""logitgate inside vLLM, by what each part takes over:
 
-- `plugin.register`: the general plugin (entry point `vllm.general_plugins` -> `logitgate`): tree
-  requests through vLLM's structured outputs (tree_route.py), vLLM's kernels on logitgate's backend.
-- `TreeDecodeLogitsProcessor` (vLLM v1 model runner) and `TreeDecodeLogitsProcessorV2` (Model Runner
-  V2), and `TreeDecode`, one name both runners load: tree decode as a custom logits processor.
+- plugin.py: the general plugin (entry point `vllm.general_plugins` -> `logitgate`) and `install`,
+  the one door: every change to vLLM is a row of the patch table (patches.py; the mechanism:
+  patching.py), grouped by the operation (LOGITGATE_VLLM_OPS) that selects it:
+  - kernels/: `bitmask`, `sampler`, `rejection` (vLLM's kernels on logitgate's);
+  - fill_ahead.py: `fill` (the scheduler's bitmask filled while the model runs, on every core);
+  - sample_first/: `sample_first` (rows sampled before their masks, per row and per step);
+  - tree/: `tree` (tree requests through vLLM's structured outputs) and the admission every process
+    needs;
+- metrics.py: logitgate's counters in vLLM's /metrics;
+- processors/: `TreeDecodeLogitsProcessor` (vLLM v1 model runner), `TreeDecodeLogitsProcessorV2`
+  (Model Runner V2) and `TreeDecode`, one name both runners load: tree decode as a custom logits
+  processor.
 
 Names load on first use: vLLM imports this package at start-up, when numba must not be loaded."""
 from __future__ import annotations
@@ -12,11 +20,11 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "FQCN": ".logits_processor",
-    "VLLM_AVAILABLE": ".logits_processor",
-    "TreeDecodeLogitsProcessor": ".logits_processor",
-    "TreeDecodeLogitsProcessorV2": ".logits_processor_v2",
-    "TreeDecode": ".logits_processor_v2",
+    "FQCN": ".processors.tree_decode",
+    "VLLM_AVAILABLE": ".processors.tree_decode",
+    "TreeDecodeLogitsProcessor": ".processors.tree_decode",
+    "TreeDecodeLogitsProcessorV2": ".processors.tree_decode_v2",
+    "TreeDecode": ".processors.tree_decode_v2",
 }
 
 __all__ = sorted(_EXPORTS)

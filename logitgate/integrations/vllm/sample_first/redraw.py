@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .. import fill_threads
+from ..fill_ahead import cores, fill_pool
 from . import SAMPLING_EPS
 
 __all__ = ["CANDIDATES", "choose_again", "fill_masks", "race_keys"]
@@ -26,9 +26,9 @@ def fill_masks(grammars: list[Any], width: int) -> torch.Tensor:
         for i in chunk:
             grammars[i].fill_bitmask(bitmask, i)
 
-    workers = min(fill_threads.cores(), len(grammars))
+    workers = min(cores(), len(grammars))
     if workers > 1:  # xgrammar's and llguidance's fills release the GIL
-        for done in [fill_threads.pool().submit(fill, range(w, len(grammars), workers)) for w in range(workers)]:
+        for done in [fill_pool().submit(fill, range(w, len(grammars), workers)) for w in range(workers)]:
             done.result()
     else:
         fill(range(len(grammars)))

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .. import metrics
-from ..replacements import mark_replacement
+from ..patching import mark_replacement
 from . import DeferredRows, Entry, Report, row_can_sample_first
 from .layout import runner_handles_deferred, runners, why_not_one_cpu_worker
 from .policy import Policy, RowState

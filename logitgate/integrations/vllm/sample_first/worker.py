@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..replacements import mark_replacement
+from ..patching import mark_replacement
 from . import Outcome, Report
 from .layout import one_cpu_worker, runner_handles_deferred, runners
 from .mirror import GrammarMirrors, MirrorError

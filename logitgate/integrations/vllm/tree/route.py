@@ -3,7 +3,7 @@
 The replacements below are rows of the patch table (patches.py: op `tree`, and `always` for the
 admission and beam-search checks), each at the one place vLLM looks the name up at call time:
 - front end, `InputProcessor.process_inputs`: after vLLM's own checks, resolve the request's tree
-  (names, the server-wide tree) and admit it (tree_admission.py: parsed, token ids checked against
+  (names, the server-wide tree) and admit it (admission.py: parsed, token ids checked against
   the model's vocabulary, the operator's size limits; never compiled, nothing kept). A bad tree is
   a `VLLMValidationError` for that request alone (HTTP 400 on the server); a tree together with
   vLLM's own `structured_outputs` is refused (a request decodes under one constraint). A prompt
@@ -12,7 +12,7 @@ admission and beam-search checks), each at the one place vLLM looks the name up 
   (unless a logitgate logits processor is configured to serve them).
 - front end, `AsyncLLM.add_request` (the API server's path to process_inputs, which it calls on its
   event loop): the tree is admitted first on a worker thread, a large one parsed in the admission
-  process (tree_admission.admission), and the outcome handed to process_inputs' admission, so no
+  process (admission.admission), and the outcome handed to process_inputs' admission, so no
   parse runs on the event loop.
 - engine, `StructuredOutputRequest.from_sampling_params` (called by `Request.__init__`): a tree
   request becomes a structured-output request (`TreeOutputRequest`), so the scheduler sends its
@@ -32,25 +32,24 @@ request.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ... import envs
-from . import patching
-from .patching import mark_replacement
-from .tree_args import GLOBAL_TREE_ENV, TREE_KEYS, tree_request_for
+from .... import envs
+from .. import patching
+from ..patching import mark_replacement
+from .args import GLOBAL_TREE_ENV, TREE_KEYS, tree_request_for
 
 __all__ = [
-    "add_request_replacement", "beam_search_replacement", "from_sampling_params_replacement", "grammar_init_replacement", "install", "is_installed",
-    "process_inputs_replacement", "to_beam_search_params_replacement", "uninstall",
+    "add_request_replacement", "beam_search_replacement", "from_sampling_params_replacement", "grammar_init_replacement", "is_installed",
+    "process_inputs_replacement", "to_beam_search_params_replacement",
 ]
 
 # A child of vLLM's logger, so a tree that fails in the engine shows in vLLM's log.
 logger = logging.getLogger("vllm.logitgate")
 
-_installed = False  # trees served here (the three patches)
-_guarded = False  # the front-end and beam-search checks are in place (also without `tree`)
 _NOT_SERVED = (
     "this server does not serve logitgate trees: the plugin runs with LOGITGATE_VLLM_OPS={ops!r}, which leaves out "
     "'tree', and no logitgate TreeDecode logits processor is configured; the request is refused rather than "
@@ -59,9 +58,12 @@ _NOT_SERVED = (
 
 
 def is_installed() -> bool:
-    """True in a process where tree requests are served as structured outputs (the logits
-    processors then leave them alone, so no tree is applied twice)."""
-    return _installed
+    """True in a process where tree requests are served as structured outputs (the `tree` rows of
+    the patch table are in place; the logits processors then leave them alone, so no tree is
+    applied twice)."""
+    module = sys.modules.get("vllm.v1.structured_output.request")  # installing the rows imported it
+    replaced = getattr(getattr(module, "StructuredOutputRequest", None), "from_sampling_params", None)
+    return getattr(replaced, "__logitgate_name__", None) is not None
 
 
 def _has_tree_processor(model_config: Any) -> bool:
@@ -75,7 +77,7 @@ def _has_tree_processor(model_config: Any) -> bool:
 
 
 def _front_end_check(params: Any, vocab_size: Callable[[], int], served: bool = True) -> Any:
-    """The admitted tree's shape (tree_admission.TreeShape), or None for a request without a tree;
+    """The admitted tree's shape (admission.TreeShape), or None for a request without a tree;
     ValueError naming the problem. Only a tree request pays for anything (the vocabulary size is
     asked for then)."""
     request = tree_request_for(params)
@@ -88,7 +90,7 @@ def _front_end_check(params: Any, vocab_size: Callable[[], int], served: bool = 
         raise ValueError(
             "a request cannot combine a logitgate tree (extra_args) with structured_outputs: it decodes under one constraint"
         )
-    from .tree_admission import admit
+    from .admission import admit
 
     return admit(request, vocab_size(), getattr(params, "eos_token_id", None))
 
@@ -97,7 +99,7 @@ def _warn_prompt_start(shape: Any, prompt_ids: Any, request_id: str) -> None:
     """Once per request, in the front end: RTP-LLM's tree starts after its start token."""
     if shape.start_token_id is None or prompt_ids is None:
         return
-    from ...structured.tree_prompt import prompt_start_problem
+    from ....structured.tree_prompt import prompt_start_problem
 
     problem = prompt_start_problem(shape, prompt_ids)
     if problem is not None:
@@ -113,7 +115,7 @@ def process_inputs_replacement(original: Callable, name: str) -> Callable:
         engine_request = original(self, request_id, prompt, params, *args, **kwargs)
         sampling = engine_request.sampling_params  # the request's own copy, with the model's eos
         if sampling is not None:
-            served = _installed
+            served = is_installed()
             try:
                 shape = _front_end_check(
                     sampling, self.model_config.get_vocab_size, served or _has_tree_processor(self.model_config)
@@ -137,9 +139,9 @@ def _model_eos(engine: Any) -> int | None:
 
 
 async def _admission_ahead(engine: Any, params: Any) -> Any:
-    """The tree of `params`, admitted off the event loop (tree_admission.admission), or None: no
+    """The tree of `params`, admitted off the event loop (admission.admission), or None: no
     tree, not served here, or a problem process_inputs will name itself."""
-    if not _installed:
+    if not is_installed():
         return None
     try:
         request = tree_request_for(params)
@@ -147,7 +149,7 @@ async def _admission_ahead(engine: Any, params: Any) -> Any:
         return None
     if request is None:
         return None
-    from .tree_admission import admission
+    from .admission import admission
 
     return await admission(request, engine.model_config.get_vocab_size(), _model_eos(engine))
 
@@ -157,7 +159,7 @@ def add_request_replacement(original: Callable, name: str) -> Callable:
     add_request calls process_inputs on it (which then finds it admitted)."""
 
     async def add_request(self: Any, request_id: str, prompt: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
-        from .tree_admission import handed_over
+        from .admission import handed_over
 
         with handed_over(await _admission_ahead(self, params)):
             return await original(self, request_id, prompt, params, *args, **kwargs)
@@ -215,7 +217,7 @@ def from_sampling_params_replacement(original: Callable, name: str) -> Callable:
             error = None
             if request is None:
                 return original(sampling_params)
-        from .tree_grammar import TreeOutputRequest
+        from .grammar import TreeOutputRequest
 
         return TreeOutputRequest(request, error)
 
@@ -225,7 +227,7 @@ def from_sampling_params_replacement(original: Callable, name: str) -> Callable:
 def _tree_grammar(manager: Any, request: Any) -> Any:
     """The compiled grammar (with the tree's end token among the request's stop tokens); raises
     what makes the request unservable, logged in vLLM's log."""
-    from .tree_grammar import compile_tree_grammar
+    from .grammar import compile_tree_grammar
 
     structured = request.structured_output_request
     try:
@@ -283,7 +285,7 @@ def grammar_init_replacement(original: Callable, name: str) -> Callable:
     other request's by the manager's own backend."""
 
     def grammar_init(self: Any, request: Any) -> None:
-        from .tree_grammar import TreeOutputRequest
+        from .grammar import TreeOutputRequest
 
         if not isinstance(request.structured_output_request, TreeOutputRequest):
             return original(self, request)
@@ -294,33 +296,12 @@ def grammar_init_replacement(original: Callable, name: str) -> Callable:
 
 
 def _rows() -> tuple:
-    from .patches import TREE_PATCHES
+    from ..patches import TREE_PATCHES
 
     return TREE_PATCHES
 
 
-def install(serve: bool = True) -> list[str]:
-    """Install the tree route's rows of the patch table (patches.py) once per process; the dotted
-    names replaced, for the start-up log. `serve`: tree requests are served (the `tree` rows);
-    otherwise (LOGITGATE_VLLM_OPS without `tree`) they are refused at admission unless a logitgate
-    logits processor serves them. Beam search under a tree is refused either way (the `always`
-    rows). A required row vLLM lacks stops start-up (patching.PatchError)."""
-    global _installed, _guarded
-    if _guarded:
-        return []
-    replaced = patching.install(_rows(), {patching.ALWAYS, "tree"} if serve else {patching.ALWAYS})
-    _installed, _guarded = serve, True
-    return replaced
-
-
 def _guard_beam_search() -> list[str]:
     """Install the beam-search rows (`only_if_loaded`) for vLLM's request classes imported since
-    `install` ran (the API server imports them before loading plugins; tests import them later)."""
+    the plugin installed the table (the API server imports them before loading plugins; tests import them later)."""
     return patching.install([row for row in _rows() if row.only_if_loaded], {patching.ALWAYS})
-
-
-def uninstall() -> list[str]:
-    """Put vLLM's originals back (tests compare against them in one process)."""
-    global _installed, _guarded
-    _installed = _guarded = False
-    return patching.uninstall(_rows())

@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 
-from ...sampling.processors.tree import Tree
-from ...structured.tree_walk import TreeWalk
-from . import tree_route
-from .logits_processor import TreeDecodeLogitsProcessor, admit_tree_args
-from .logits_processor import _Base as _V1Base
-from .tree_args import tree_request_for
+from ....sampling.processors.tree import Tree
+from ....structured.tree_walk import TreeWalk
+from ..tree import route as tree_route
+from ..tree.args import tree_request_for
+from .tree_decode import TreeDecodeLogitsProcessor, admit_tree_args
+from .tree_decode import _Base as _V1Base
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """vLLM v1 custom logits processor for tree decode (the V1 model runner's interface).
 
 With logitgate's general plugin active (the default once logitgate is installed), tree requests are
-served as vLLM structured outputs (tree_route.py), which also holds under speculative decoding;
+served as vLLM structured outputs (tree/route.py), which also holds under speculative decoding;
 this processor then leaves them alone, so a tree is never applied twice. It is the route for
 engines where the plugin is excluded (`VLLM_PLUGINS`) or `LOGITGATE_VLLM_OPS` leaves out `tree`.
 
@@ -11,7 +11,7 @@ paths; other requests are left alone. Enable it with
 `LLM(model, logits_processors=["logitgate.integrations.vllm:TreeDecode"])` (one name for both
 model runners; this class is what the V1 runner gets) or `--logits-processors ...`. vLLM refuses
 custom logits processors with speculative decoding on the V1 runner (an error, not silence).
-Trees are named as in tree_args.py (a dict, a JSON string, or a server tree's name; never a path).
+Trees are named as in tree/args.py (a dict, a JSON string, or a server tree's name; never a path).
 
 The work is done by `logitgate.sampling.processors.Tree`; this class only speaks vLLM's interface:
 it subclasses vLLM's `LogitsProcessor` when vLLM is importable, and logitgate's own otherwise (the
@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
-from ...sampling.processors.interface import BatchUpdate, MoveDirectionality
-from ...sampling.processors.interface import LogitsProcessor as _LogitgateLogitsProcessor
-from ...sampling.processors.tree import Tree
-from . import tree_route
-from .tree_args import tree_request_for
+from ....sampling.processors.interface import BatchUpdate, MoveDirectionality
+from ....sampling.processors.interface import LogitsProcessor as _LogitgateLogitsProcessor
+from ....sampling.processors.tree import Tree
+from ..tree import route as tree_route
+from ..tree.args import tree_request_for
 
 __all__ = ["FQCN", "VLLM_AVAILABLE", "TreeDecodeLogitsProcessor", "admit_tree_args"]
 
@@ -52,7 +52,7 @@ def admit_tree_args(sampling_params: Any) -> None:
     without knowing the vocabulary; ValueError names the problem."""
     request = tree_request_for(sampling_params)
     if request is not None:
-        from .tree_admission import admit
+        from ..tree.admission import admit
 
         admit(request, None, getattr(sampling_params, "eos_token_id", None))
 
@@ -104,7 +104,7 @@ class TreeDecodeLogitsProcessor(_Base):
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
         """Called by vLLM's front end for every request (before it reaches a worker): admits the
-        tree (tree_admission.py: parsed within the operator's limits, not compiled), so a malformed
+        tree (tree/admission.py: parsed within the operator's limits, not compiled), so a malformed
         tree is an HTTP 400. Token ids are checked against the vocabulary only in the worker, which
         knows it."""
         admit_tree_args(sampling_params)

@@ -13,9 +13,9 @@ compile, so a tree admitted here never fails the engine's own checks.
 
 Off the event loop: vLLM's OpenAI server calls `InputProcessor.process_inputs`, and so `admit`, on
 its event loop, where a 40 MB tree's parse held every other client (/health included) for seconds.
-`admission` (awaited by the `AsyncLLM.add_request` replacement in tree_route.py, before
+`admission` (awaited by the `AsyncLLM.add_request` replacement in route.py, before
 process_inputs) runs `admit` on a worker thread, with every text or operator's file larger than
-INLINE_MAX_BYTES parsed in the admission process (tree_admission_process.py: a parse holds the GIL,
+INLINE_MAX_BYTES parsed in the admission process (admission_process.py: a parse holds the GIL,
 so a thread alone would not free the loop); `handed_over(admission)` gives the outcome to the
 `admit` that process_inputs then calls in the same task, which returns it instead of parsing again.
 """
@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ...tree_limits import TreeLimits
+from ....tree_limits import TreeLimits
 
 __all__ = ["Admission", "Job", "TreeShape", "admission", "admit", "handed_over", "parse_job"]
 
@@ -49,7 +49,7 @@ class TreeShape(NamedTuple):
 def _admitted_cache() -> Any:
     global _ADMITTED
     if _ADMITTED is None:
-        from ...structured.compile_cache import LRUCache
+        from ....structured.compile_cache import LRUCache
 
         _ADMITTED = LRUCache(_ADMITTED_MAX)
     return _ADMITTED
@@ -61,7 +61,7 @@ _ADMITTED = None
 def _shape(kind: str, obj: Any, request: Any, end: int | None, vocab_size: int, limits: TreeLimits) -> TreeShape:
     import numpy as np
 
-    from ...structured.tree_loaders import (
+    from ....structured.tree_loaders import (
         parse_prefix_dict,
         parse_sequences,
         parse_token_trie,
@@ -100,7 +100,7 @@ class Job(NamedTuple):
 def parse_job(job: Job) -> TreeShape:
     """The shape of `job`'s tree, or ValueError naming the problem (the text beyond the byte limit,
     malformed JSON, a bad token id, a tree beyond the node or depth limit)."""
-    from ...structured.tree_loaders import parse_json_bytes, read_json_source
+    from ....structured.tree_loaders import parse_json_bytes, read_json_source
 
     what = "prefix dict config" if job.kind == "tree_decode" else "token trie payload"
     obj, raw, where = read_json_source(job.source, what, job.limits)
@@ -110,14 +110,14 @@ def parse_job(job: Job) -> TreeShape:
 def _parse(job: Job, size: int) -> TreeShape:
     if size <= INLINE_MAX_BYTES:
         return parse_job(job)
-    from .tree_admission_process import parse_in_process
+    from .admission_process import parse_in_process
 
     return parse_in_process(job)
 
 
 def _admit(request: Any, vocab_size: int, end: int | None, limits: TreeLimits) -> TreeShape:
-    from ...structured.compile_cache import content_hash
-    from ...structured.tree_loaders import read_json_source
+    from ....structured.compile_cache import content_hash
+    from ....structured.tree_loaders import read_json_source
 
     job = Job(request.kind, request.source, request.path, request.model_id, end, vocab_size, limits)
     if isinstance(request.source, (dict, list)):  # from an in-process caller: parsed as it is, no cache
@@ -160,7 +160,7 @@ def handed_over(done: Admission | None) -> Iterator[None]:
 
 
 def admit(request: Any, vocab_size: int, eos_token_id: int | None, limits: TreeLimits | None = None) -> TreeShape:
-    """Check a resolved `TreeRequest` (tree_args.tree_request_for) as the engine would compile it,
+    """Check a resolved `TreeRequest` (args.tree_request_for) as the engine would compile it,
     without compiling; the operator's files are checked once per content (size and mtime), inline
     JSON text once per content hash. ValueError names the extra_args key and the problem."""
     kind = request.kind

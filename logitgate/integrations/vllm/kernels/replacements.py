@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from ... import envs
-from .patching import mark_replacement
+from .... import envs
+from ..patching import mark_replacement
 
 __all__ = [
     "DEVICES_ENV",
@@ -91,7 +91,7 @@ class XgrammarWithLogitgateApply(types.ModuleType):
             return self.__logitgate_original__.apply_token_bitmask_inplace(
                 logits, bitmask, vocab_size=vocab_size, indices=indices
             )
-        from ...structured.bitmask import apply_token_bitmask_inplace
+        from ....structured.bitmask import apply_token_bitmask_inplace
 
         self.routed_calls += 1
         if vocab_size is None:  # xgrammar's default, passed so logitgate does not warn
@@ -114,7 +114,7 @@ def top_k_top_p_replacement(original: Callable, name: str) -> Callable:
     def apply_top_k_top_p(logits, k, p, *args, **kwargs):
         if args or kwargs or (k is None and p is None) or not routed(logits):
             return original(logits, k, p, *args, **kwargs)
-        from ...sampling.ops import apply_top_k_top_p as logitgate_top_k_top_p
+        from ....sampling.ops import apply_top_k_top_p as logitgate_top_k_top_p
 
         apply_top_k_top_p.routed_calls += 1
         return logitgate_top_k_top_p(logits, k, p)
@@ -156,7 +156,7 @@ def random_sample_replacement(original: Callable, name: str) -> Callable:
         as_vllm = seeded_draws() == "vllm"
         if as_vllm and (use_fp64_gumbel or len(generators or ()) == probs.shape[0]):
             return original(probs, generators, *args, **kwargs)
-        from ...sampling.ops import random_sample as logitgate_random_sample
+        from ....sampling.ops import random_sample as logitgate_random_sample
 
         random_sample.routed_calls += 1
         if not (as_vllm and generators):
@@ -231,7 +231,7 @@ def _greedy_flags(sampling_metadata) -> torch.Tensor | None:
 def _logitgate_rejection_sample(
     draft_token_ids, num_draft_tokens, max_spec_len, draft_probs, target_logits, bonus_token_ids, sampling_metadata
 ) -> torch.Tensor:
-    from ...sampling.rejection import rejection_sample
+    from ....sampling.rejection import rejection_sample
 
     out = rejection_sample(
         draft_token_ids,

@@ -115,14 +115,14 @@ _process = _Process()
 
 
 def parse_in_process(job: Any) -> Any:
-    """`tree_admission.parse_job(job)`, run in the admission process; its ValueError is raised here
+    """`admission.parse_job(job)`, run in the admission process; its ValueError is raised here
     with the same message. A process that ends mid-parse (killed, out of memory) fails this parse
     with a ValueError that says so; the next parse starts a new one."""
     return _process.parse(job)
 
 
 def _serve(requests: IO[bytes], replies: IO[bytes]) -> None:
-    from .tree_admission import parse_job
+    from .admission import parse_job
 
     while True:
         try:

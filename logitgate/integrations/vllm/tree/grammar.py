@@ -19,7 +19,7 @@ from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
 from vllm.v1.structured_output.request import StructuredOutputRequest
 
-from ...structured.tree_backend import TreeGrammar
+from ....structured.tree_backend import TreeGrammar
 
 __all__ = ["TreeOutputGrammar", "TreeOutputRequest", "compile_tree_grammar"]
 
