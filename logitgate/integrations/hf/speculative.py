@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from ..decode.generate import GenerationStats, Request, generate
-from ..sampling.params import SamplingParams
-from ..structured.manager import StructuredOutputManager
-from ..structured.params import StructuredOutputsParams
-from ..structured.tree import TreeDFA
+from ...decode.generate import GenerationStats, Request, generate
+from ...sampling.params import SamplingParams
+from ...structured.manager import StructuredOutputManager
+from ...structured.params import StructuredOutputsParams
+from ...structured.tree import TreeDFA
 
 logger = logging.getLogger(__name__)
 
