@@ -45,11 +45,9 @@ def pristine():
     and put back as they were found afterwards."""
     tree_was = tree_route.is_installed()
     plugin.uninstall()
-    plugin.uninstall()
     for row in VLLM_ROWS:
         importlib.import_module(row.module_name)  # so only_if_loaded rows are installed too
     yield
-    plugin.uninstall()
     plugin.uninstall()
     if tree_was:
         plugin.install({"tree"})
@@ -57,14 +55,12 @@ def pristine():
 
 def test_install_then_uninstall_restores_every_name_exactly(pristine):
     before = _snapshot()
-    replaced = plugin.install(patches.KERNEL_OPS) + plugin.install({"tree"})
+    replaced = plugin.install(patches.OPS)  # the plugin's default: every operation
     assert sorted(replaced) == sorted(row.name for row in VLLM_ROWS if not row.is_write)
     assert all(getattr(value, "__logitgate_original__", None) is not None
                for value in patching.installed(patches.PATCHES).values())
-    assert plugin.install(patches.KERNEL_OPS) == [row.name for row in patches.KERNEL_PATCHES
-                                         if row.optional_package is None and not row.is_write]
-    assert plugin.install({"tree"}) == []  # once per process
-    restored = plugin.uninstall() + plugin.uninstall()
+    assert plugin.install(patches.OPS) == replaced  # idempotent: the same names, nothing replaced twice
+    restored = plugin.uninstall()
     assert sorted(restored) == sorted(replaced)
     assert _snapshot() == before
     assert patching.installed(patches.PATCHES) == {}
@@ -81,8 +77,8 @@ def test_without_tree_only_the_always_rows_of_the_tree_route_are_installed(prist
 
 
 def test_the_admission_row_serves_or_refuses_trees_as_install_said(pristine):
-    """process_inputs reads at call time whether this process serves trees (tree_route.install's
-    `serve`), as its closure did before it became a table row."""
+    """process_inputs reads at call time whether this process serves trees (whether the plugin
+    installed the `tree` rows)."""
     from types import SimpleNamespace
 
     from vllm import SamplingParams
