@@ -25,12 +25,13 @@ jsonschema; requests stop at the end token (the client's `ignore_eos`, which it 
 dataset, is overridden in the request body), so a schema's end ends the request; each case's logitgate counters (/metrics) recorded; the best of vLLM's backends alone
 compared with the best with logitgate.
 
-In-process (`--only json`): vLLM's offline `LLM` with the engine core and worker in the calling
-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the child can read the replacements' call counters
-and prove that logitgate's kernels ran. Each engine runs in a process of its own (`--child`) and
-serves the same 64 concurrent JSON-schema requests: a warm-up round, then `--repeats` rounds each of
-greedy and temperature 1.0; medians over all timed rounds of each configuration; greedy outputs
-must be identical. Its rows are labelled in-process.
+Offline (`--only json`): vLLM's offline `LLM` in both layouts users run it in: in-process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine core and worker in the calling process, where the
+child also reads the replacements' call counters) and vLLM's default (the engine core and worker in
+processes of their own). Each engine runs in a process of its own (`--child`) and serves 64
+concurrent requests per case: both schemas in the four modes (per-request seeds in `t1_seeded`)
+and the floor without a schema; a warm-up round, then `--repeats` rounds of every case,
+interleaved; medians over all timed rounds of each configuration; greedy outputs must be identical.
 
 Tree decode (`--only tree-spec`): the embedded demo target (logitgate/data/demo) with vs without
 vLLM's speculative decoding (3 draft tokens a step), for each drafter of `--drafters` (default:
@@ -77,31 +78,53 @@ from logitgate.cli.vllm_engines import (  # noqa: E402 (the path above)
 TREE_REQUESTS = 32
 
 
-def child(path: str, repeats: int) -> dict:
+OFFLINE_MODES = {"greedy": {"temperature": 0.0}, "t1": {"temperature": 1.0}, "t1_seeded": {"temperature": 1.0, "seed": 0},
+                 "t1_top_p": {"temperature": 1.0, "top_p": 0.9}}
+OFFLINE_LAYOUTS = ("in-process", "default")  # VLLM_ENABLE_V1_MULTIPROCESSING=0, or LLM(...)'s own processes
+
+
+def offline_cases() -> list[tuple[str, dict | None, str]]:
+    """(name, schema or None, mode): both schemas in every mode, then the floor (no schema)."""
+    from logitgate.models.json_records import SCHEMAS
+
+    cases = [(f"{schema}_{mode}", SCHEMAS[schema], mode) for schema in SCHEMAS for mode in OFFLINE_MODES]
+    return cases + [(f"unconstrained_{mode}", None, mode) for mode in ("greedy", "t1")]
+
+
+def child(path: str, repeats: int, layout: str = "in-process") -> dict:
+    """One offline engine (`LLM`): NUM_REQUESTS requests per case, a warm-up round, then `repeats`
+    rounds of every case, interleaved; seconds, tokens, validity, and the calls that reached logitgate."""
     started = time.perf_counter()
-    llm = start_json_engine(path)
+    llm = start_json_engine(path, in_process=layout == "in-process")
     start_s = time.perf_counter() - started
-    params = {"greedy": json_params(0.0), "t1": json_params(1.0)}
     texts = prompts()
 
-    def round_(mode: str):
-        t = time.perf_counter()
-        outputs = llm.generate(texts, params[mode], use_tqdm=False)
-        seconds = time.perf_counter() - t
-        tokens = [list(o.outputs[0].token_ids) for o in outputs]
-        return seconds, tokens
+    def params(schema: dict | None, mode: str) -> list:
+        sampling = dict(OFFLINE_MODES[mode])
+        if "seed" in sampling:  # a seed of its own per request, as clients send them
+            return [json_params(schema=schema, **{**sampling, "seed": i}) for i in range(len(texts))]
+        return [json_params(schema=schema, **sampling)] * len(texts)
 
-    round_("greedy")  # warm-up: grammar compiles, numba kernels load
-    round_("t1")
-    result = {"start_s": start_s, "greedy_s": [], "t1_s": [], "greedy_tokens": [], "t1_tokens": []}
+    cases = {name: (schema, params(schema, mode)) for name, schema, mode in offline_cases()}
+
+    def round_(name: str):
+        t = time.perf_counter()
+        outputs = llm.generate(texts, cases[name][1], use_tqdm=False)
+        return time.perf_counter() - t, [list(o.outputs[0].token_ids) for o in outputs]
+
+    round_("bounded_greedy")  # warm-up: grammar compiles, numba kernels load
+    round_("unbounded_t1")
+    result: dict = {"start_s": start_s, "seconds": {n: [] for n in cases}, "tokens": {n: [] for n in cases},
+                    "outputs": {}, "valid": {}}
     for _ in range(repeats):
-        for mode in ("greedy", "t1"):  # interleaved inside the engine too
-            seconds, tokens = round_(mode)
-            result[f"{mode}_s"].append(seconds)
-            result[f"{mode}_tokens"].append(sum(map(len, tokens)))
-            result[f"{mode}_outputs"] = tokens
-    result["json_valid"] = sum(is_json(llm, t) for t in result["greedy_outputs"])
-    result["t1_json_valid"] = sum(is_json(llm, t) for t in result["t1_outputs"])
+        for name in cases:  # interleaved inside the engine
+            seconds, tokens = round_(name)
+            result["seconds"][name].append(seconds)
+            result["tokens"][name].append(sum(map(len, tokens)))
+            if cases[name][0] is not None:
+                result["valid"][name] = sum(is_json(llm, t) for t in tokens)
+            if name.endswith("_greedy"):
+                result["outputs"][name] = tokens
     result["routed_calls"] = routed_calls()
     return result
 
@@ -154,55 +177,51 @@ def engine_available(python: str) -> tuple[bool, str]:
 
 
 def run_child(python: str, path: Path | str, with_logitgate: bool, repeats: int, mode: str = "--child",
-              env_overrides: dict[str, str] | None = None) -> dict:
-    """One engine in a fresh process; `mode` --child (benchmark rounds) or --tree-child (`path` is
-    then "plain" or a drafter)."""
-    cmd = [python, str(Path(__file__).resolve()), mode, str(path), "--repeats", str(repeats)]
+              env_overrides: dict[str, str] | None = None, layout: str = "in-process") -> dict:
+    """One engine in a fresh process; `mode` --child (benchmark rounds, in `layout`) or --tree-child
+    (`path` is then "plain" or a drafter)."""
+    cmd = [python, str(Path(__file__).resolve()), mode, str(path), "--repeats", str(repeats), "--layout", layout]
     result, _ = run_result(cmd, engine_env(with_logitgate, env_overrides), "engine child")
     return result
 
 
-def json_benchmark(python: str, rounds: int, repeats: int) -> dict:
-    """64 JSON-schema requests, with vs without logitgate: rows and checks."""
-    path = build_model(model_dir())
-    runs: dict[bool, list[dict]] = {True: [], False: []}
-    for _ in range(rounds):
-        for with_logitgate in (True, False):
-            runs[with_logitgate].append(run_child(python, path, with_logitgate, repeats))
-
-    def pooled(with_logitgate: bool, key: str) -> list[float]:
-        return [x for run in runs[with_logitgate] for x in run[key]]
-
-    rows = []
-    for mode in ("greedy", "t1"):
-        lg_s, vllm_s = statistics.median(pooled(True, f"{mode}_s")), statistics.median(pooled(False, f"{mode}_s"))
-        lg_tok = statistics.median(pooled(True, f"{mode}_tokens"))
-        vllm_tok = statistics.median(pooled(False, f"{mode}_tokens"))
-        rows.append({
-            "case": f"{NUM_REQUESTS} JSON-schema requests, {mode}",
-            "mode": mode,
-            "logitgate_s": round(lg_s, 3),
-            "vllm_s": round(vllm_s, 3),
-            "speedup_end_to_end": round(vllm_s / lg_s, 2),
-            "logitgate_tokens_per_s": round(lg_tok / lg_s, 1),
-            "vllm_tokens_per_s": round(vllm_tok / vllm_s, 1),
-            "speedup_tokens_per_s": round((lg_tok / lg_s) / (vllm_tok / vllm_s), 2),
-        })
-    greedy_lg = [run["greedy_outputs"] for run in runs[True]]
-    greedy_vllm = [run["greedy_outputs"] for run in runs[False]]
-    return {
-        "model": str(path),
-        "rows": rows,
-        "greedy_identical": all(out == greedy_vllm[0] for out in greedy_lg + greedy_vllm),
-        "greedy_json_valid": [run["json_valid"] for run in runs[True] + runs[False]],
-        "t1_json_valid": [run["t1_json_valid"] for run in runs[True] + runs[False]],
-        "engine_start_s": {"logitgate": [round(r["start_s"], 1) for r in runs[True]],
-                           "vllm": [round(r["start_s"], 1) for r in runs[False]]},
-        "routed_calls": runs[True][-1]["routed_calls"],
-        "routed_calls_without_plugin": runs[False][-1]["routed_calls"],
-        "raw_seconds": {"logitgate": {m: pooled(True, f"{m}_s") for m in ("greedy", "t1")},
-                        "vllm": {m: pooled(False, f"{m}_s") for m in ("greedy", "t1")}},
-    }
+def json_benchmark(python: str, rounds: int, repeats: int, models: list[str]) -> dict:
+    """The offline engines (`LLM`), in-process and in vLLM's default layout, for each model: every
+    case with vs without logitgate, interleaved engines, medians over all timed rounds."""
+    rows, checks = [], {}
+    for model in models:
+        path = served_model(model)
+        for layout in OFFLINE_LAYOUTS:
+            runs: dict[bool, list[dict]] = {True: [], False: []}
+            for _ in range(rounds):
+                for with_logitgate in (True, False):
+                    runs[with_logitgate].append(run_child(python, path, with_logitgate, repeats, layout=layout))
+            for name, schema, mode in offline_cases():
+                sides = {}
+                for side, w in (("logitgate", True), ("vllm", False)):
+                    seconds = [x for run in runs[w] for x in run["seconds"][name]]
+                    tokens = [x for run in runs[w] for x in run["tokens"][name]]
+                    sides[side] = (statistics.median(seconds), statistics.median(tokens))
+                (lg_s, lg_tok), (vllm_s, vllm_tok) = sides["logitgate"], sides["vllm"]
+                rows.append({
+                    "case": f"{layout}, {model} model, {NUM_REQUESTS} requests, {name}",
+                    "layout": layout, "model": model, "mode": name,
+                    "logitgate_s": round(lg_s, 3), "vllm_s": round(vllm_s, 3),
+                    "logitgate_tokens_per_s": round(lg_tok / lg_s, 1), "vllm_tokens_per_s": round(vllm_tok / vllm_s, 1),
+                    "speedup_tokens_per_s": round((lg_tok / lg_s) / (vllm_tok / vllm_s), 2),
+                    "valid": {side: [run["valid"].get(name) for run in runs[w]] for side, w in (("logitgate", True), ("vllm", False))}
+                    if schema else None,
+                })
+            greedy = [name for name, _, mode in offline_cases() if mode == "greedy"]
+            checks[f"{model}/{layout}"] = {
+                "greedy_identical": {n: all(run["outputs"][n] == runs[False][0]["outputs"][n] for run in runs[True] + runs[False])
+                                     for n in greedy},
+                "engine_start_s": {"logitgate": [round(r["start_s"], 1) for r in runs[True]],
+                                   "vllm": [round(r["start_s"], 1) for r in runs[False]]},
+                "routed_calls": runs[True][-1]["routed_calls"],
+                "routed_calls_without_plugin": runs[False][-1]["routed_calls"],
+            }
+    return {"rows": rows, "checks": checks}
 
 
 def tree_spec_benchmark(python: str, rounds: int, repeats: int, drafters: list[str]) -> dict:
@@ -553,8 +572,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--served-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--only", choices=("all", "served", "json", "tree-spec"), default="all",
                         help="served: `vllm serve` with vLLM's defaults and vLLM's benchmark client, with vs without "
-                             "logitgate; json: 64 JSON-schema requests in the in-process engine with vs without "
-                             "logitgate; tree-spec: tree decode with vs without speculative decoding (default: all)")
+                             "logitgate; json: 64 JSON-schema requests per case in the offline LLM, in-process and in "
+                             "vLLM's default layout, with vs without logitgate; tree-spec: tree decode with vs without speculative decoding (default: all)")
     parser.add_argument("--drafters", default="ngram,draft_model",
                         help="tree-spec: comma list of vLLM drafters to compare with no speculation "
                              "(ngram, draft_model, eagle, eagle3; eagle heads are random: drafts are garbage)")
@@ -566,6 +585,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="one engine per configuration, 2 rounds each")
     parser.add_argument("--rounds", type=int, default=2, help="engines per configuration (interleaved)")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per mode inside each engine")
+    parser.add_argument("--layout", choices=OFFLINE_LAYOUTS, default="in-process", help=argparse.SUPPRESS)
     parser.add_argument("--python", default=os.environ.get("LOGITGATE_VLLM_PYTHON", sys.executable),
                         help="interpreter with a real vLLM engine (default: LOGITGATE_VLLM_PYTHON or this one)")
     parser.add_argument("--out")
@@ -576,7 +596,7 @@ def main(argv: list[str] | None = None) -> dict:
     if set(models) - set(SERVED_MODELS) or set(backends) - set(SERVED_BACKENDS) or not models or not backends:
         parser.error(f"--models from {', '.join(SERVED_MODELS)}; --backends from {', '.join(SERVED_BACKENDS)}")
     if args.child:
-        print("RESULT " + json.dumps(child(args.child, args.repeats)), flush=True)
+        print("RESULT " + json.dumps(child(args.child, args.repeats, args.layout)), flush=True)
         return {}
     if args.served_child:
         print("RESULT " + json.dumps(served_benchmark(sys.executable, args.served_child, models, backends)), flush=True)
@@ -600,9 +620,9 @@ def main(argv: list[str] | None = None) -> dict:
         result.update(served)
         result["rows"] = result["rows"] + served.get("served_rows", [])
     if args.only in ("all", "json"):
-        result.update({f"in_process_{k}" if k != "rows" else k: v for k, v in json_benchmark(args.python, rounds, repeats).items()})
-        for row in result["rows"]:
-            row["case"] = row["case"] if row["case"].startswith("served") else f"in-process, {row['case']}"
+        offline = json_benchmark(args.python, rounds, repeats, models)
+        result["offline_checks"] = offline["checks"]
+        result["rows"] = result["rows"] + offline["rows"]
     if args.only in ("all", "tree-spec"):
         from logitgate.cli.vllm_engines import DRAFTERS
 
@@ -618,7 +638,8 @@ def main(argv: list[str] | None = None) -> dict:
 
         json_rows = [row for row in result["rows"] if "logitgate_s" in row]
         if json_rows:
-            plot_bars(json_rows, "mode", ["logitgate_s", "vllm_s"], "vLLM engine, 64 JSON-schema requests", args.plot, "seconds (median)")
+            plot_bars(json_rows, "case", ["logitgate_s", "vllm_s"], "vLLM offline engine, 64 requests a case", args.plot,
+                      "seconds (median)")
     return result
 
 

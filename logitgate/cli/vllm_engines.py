@@ -77,12 +77,15 @@ def start_json_engine(path: str, max_num_seqs: int = NUM_REQUESTS, in_process: b
                structured_outputs_config=dict(STRUCTURED_OUTPUTS_CONFIG))
 
 
-def json_params(temperature: float, seed: int | None = None, schema: dict = SCHEMA, max_tokens: int = MAX_TOKENS):
+def json_params(temperature: float, seed: int | None = None, schema: dict = SCHEMA, max_tokens: int = MAX_TOKENS,
+                **sampling):
+    """vLLM's SamplingParams of one JSON-schema request (`sampling`: more of its fields, e.g. top_p)."""
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
     return SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed,
-                          structured_outputs=StructuredOutputsParams(json=schema))
+                          structured_outputs=StructuredOutputsParams(json=schema) if schema is not None else None,
+                          **sampling)
 
 
 def is_json(llm, tokens: list[int]) -> bool:
