@@ -31,9 +31,9 @@ _EXPORTS = {
     "StructuredOutputManager": ".structured.manager",
     "apply_grammar_bitmask": ".structured.speculative",
     "strip_speculative_padding": ".structured.speculative",
-    "TreeDFA": ".structured.tree",
-    "TreeLimits": ".tree_limits",
-    "TreeTooLarge": ".tree_limits",
+    "TreeDFA": ".structured.tree.dfa",
+    "TreeLimits": ".structured.tree.limits",
+    "TreeTooLarge": ".structured.tree.limits",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
@@ -55,5 +55,5 @@ if TYPE_CHECKING:
     )
     from .structured.manager import StructuredOutputManager
     from .structured.speculative import apply_grammar_bitmask, strip_speculative_padding
-    from .structured.tree import TreeDFA
-    from .tree_limits import TreeLimits, TreeTooLarge
+    from .structured.tree.dfa import TreeDFA
+    from .structured.tree.limits import TreeLimits, TreeTooLarge

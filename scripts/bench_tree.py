@@ -43,7 +43,7 @@ from logitgate.backends.cpu.threads import set_thread_cap
 from logitgate.cli.bench_harness import Progress, emit, plot_bars, time_runs
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams
 from logitgate.sampling.tree_step import sample_tree_step
-from logitgate.structured.tree_candidates import keep_only_allowed
+from logitgate.structured.tree.candidates import keep_only_allowed
 
 START, END = 1, 2
 CODEBOOK, BASE = 256, 1000  # item token j of an item comes from codebook j: BASE + j*CODEBOOK + code

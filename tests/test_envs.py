@@ -90,8 +90,8 @@ def test_read_is_at_call_time_and_refuses_undeclared_names(monkeypatch):
 
 def test_owners_read_through_envs_with_their_own_messages(monkeypatch):
     from logitgate.backends.cpu.threads import safe_thread_count
-    from logitgate.structured.tree_candidates import resolve_sparse_max_fraction
-    from logitgate.tree_limits import TreeLimits
+    from logitgate.structured.tree.candidates import resolve_sparse_max_fraction
+    from logitgate.structured.tree.limits import TreeLimits
 
     monkeypatch.setenv("LOGITGATE_THREADS", "3")
     assert safe_thread_count() == 3
@@ -109,15 +109,14 @@ def test_owners_read_through_envs_with_their_own_messages(monkeypatch):
 
 
 def test_declared_defaults_are_the_owners_defaults():
-    from logitgate import tree_limits
-    from logitgate.structured import tree_candidates
+    from logitgate.structured.tree import candidates, limits
 
     default = {name: v.default for name, v in envs.VARIABLES.items()}
-    assert default["LOGITGATE_TREE_MAX_BYTES"].split()[0] == str(tree_limits.DEFAULT_MAX_BYTES)
-    assert default["LOGITGATE_TREE_MAX_NODES"] == str(tree_limits.DEFAULT_MAX_NODES)
-    assert default["LOGITGATE_TREE_MAX_DEPTH"] == str(tree_limits.DEFAULT_MAX_DEPTH)
-    assert default["LOGITGATE_TREE_CACHE_BYTES"].split()[0] == str(tree_limits.DEFAULT_CACHE_BYTES)
-    assert default["LOGITGATE_TREE_SPARSE_MAX_FRACTION"] == str(tree_candidates.DEFAULT_SPARSE_MAX_FRACTION)
+    assert default["LOGITGATE_TREE_MAX_BYTES"].split()[0] == str(limits.DEFAULT_MAX_BYTES)
+    assert default["LOGITGATE_TREE_MAX_NODES"] == str(limits.DEFAULT_MAX_NODES)
+    assert default["LOGITGATE_TREE_MAX_DEPTH"] == str(limits.DEFAULT_MAX_DEPTH)
+    assert default["LOGITGATE_TREE_CACHE_BYTES"].split()[0] == str(limits.DEFAULT_CACHE_BYTES)
+    assert default["LOGITGATE_TREE_SPARSE_MAX_FRACTION"] == str(candidates.DEFAULT_SPARSE_MAX_FRACTION)
 
 
 def test_envs_imports_only_the_standard_library():

@@ -34,7 +34,7 @@ def _collected(*args: str) -> list[str]:
 
 def test_interpreter_marks_exactly_the_interpreted_triton_instances():
     pytest.importorskip("triton")
-    module = "tests/structured/test_tree_semantics.py"
+    module = "tests/structured/tree/test_tree_semantics.py"
     everything = _collected(module)
     interpreted = _collected(module, "-m", "interpreter")
     assert interpreted and all("npu-emulated-triton" in node for node in interpreted), interpreted

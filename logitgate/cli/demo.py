@@ -34,7 +34,7 @@ from ..sampling.params import SamplingParams
 from ..structured.manager import StructuredOutputManager
 from ..structured.params import StructuredOutputsParams
 from ..structured.tree import TreeDFA
-from ..structured.tree_loaders import load_json, parse_prefix_dict
+from ..structured.tree.loaders import load_json, parse_prefix_dict
 
 logger = logging.getLogger(__name__)
 

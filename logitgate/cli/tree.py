@@ -52,8 +52,8 @@ def inspect_file(
 ) -> dict[str, Any]:
     """{"file", "format", "trees": [{"name", "errors", "stats"}]}; raises ValueError when the file
     cannot be read or its format needs an option that is missing."""
-    from ..structured.tree_loaders import check_vocab_size, load_json, prefix_dict_problems
-    from ..tree_limits import TreeLimits
+    from ..structured.tree.limits import TreeLimits
+    from ..structured.tree.loaders import check_vocab_size, load_json, prefix_dict_problems
 
     check_vocab_size(vocab_size)
     # The operator's byte limit (LOGITGATE_TREE_MAX_BYTES) applies here as when serving the tree.
@@ -125,7 +125,7 @@ def build_prefix_dict_file(
     vocabulary size before it is returned, so a bad token id is an error here, not on the server."""
     from ..models.demo import build_prefix_dict, load_catalog
     from ..structured.tree import TreeDFA
-    from ..structured.tree_loaders import check_token_id, tokenize_strings
+    from ..structured.tree.loaders import check_token_id, tokenize_strings
 
     tok = load_tokenizer_arg(tokenizer) if isinstance(tokenizer, str) else tokenizer
     try:
@@ -151,7 +151,7 @@ def build_prefix_dict_file(
 
 
 def _inspect_payload(obj: dict, end_token_id: int, vocab_size: int | None, path: str | None) -> list[dict]:
-    from ..structured.tree_loaders import parse_token_trie, quote_key, token_trie_descriptors
+    from ..structured.tree.loaders import parse_token_trie, quote_key, token_trie_descriptors
 
     descriptors = token_trie_descriptors(obj)  # ValueError (exit status 2) naming a malformed descriptor
     if path is None and len(descriptors) > 1:  # inspect each one
@@ -173,7 +173,7 @@ def _inspect_payload(obj: dict, end_token_id: int, vocab_size: int | None, path:
 def _inspect_sequences(
     name: str, sequences: list, names: list[str] | None, end_token_id: int, vocab_size: int | None
 ) -> dict:
-    from ..structured.tree_loaders import check_token_id, sequence_problems
+    from ..structured.tree.loaders import check_token_id, sequence_problems
 
     try:
         check_token_id(end_token_id, "end_token_id", vocab_size)

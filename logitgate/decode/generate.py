@@ -31,7 +31,7 @@ from ..structured.bitmask import apply_token_bitmask_inplace
 from ..structured.constraint_state import GrammarConstraint, TreeConstraint, fill_constraint_rows
 from ..structured.manager import StructuredOutputManager
 from ..structured.tree import TreeDFA
-from ..structured.tree_prompt import warn_prompt_start
+from ..structured.tree.prompt import warn_prompt_start
 from .tree_step import tree_spec_step, use_sparse_verification
 
 Model = Callable[[torch.Tensor], torch.Tensor]
@@ -192,7 +192,7 @@ def generate(
     num_speculative_tokens: drafts per step from `draft_model` or, with `ngram=n`, from prompt
     lookup (n-gram drafts carry no probabilities: vLLM's point-mass mode). jump_forward: append a
     tree's forced tokens as drafts (accepted with probability 1, they save target passes).
-    sparse_max_fraction: the tree-decode crossover (structured/tree_candidates.py): the sequences
+    sparse_max_fraction: the tree-decode crossover (structured/tree/candidates.py): the sequences
     of a TreeDFA sample and verify over the tree's candidates (rows allowing at most this fraction
     of the vocabulary; with drafts, while the widest of the tree's rows does), in any batch: other
     sequences (grammars, no constraint) are masked and sampled over the vocabulary in the same step

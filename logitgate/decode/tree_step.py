@@ -1,5 +1,5 @@
 """One decode step of a batch constrained by one TreeDFA, sampled and verified over the tree's
-candidates instead of the vocabulary (the sparse layout of structured/tree_candidates.py).
+candidates instead of the vocabulary (the sparse layout of structured/tree/candidates.py).
 
 Every target row (each sequence's draft positions, then its bonus position, vLLM's layout) is
 gathered to its state's allowed logits, plus one always -inf "reject" column. Drafts become
@@ -24,7 +24,7 @@ from ..sampling.rejection import rejection_sample
 from ..sampling.sampler import Sampler, SamplingMetadata
 from ..sampling.tree_step import sample_plan
 from ..structured.tree import TreeDFA
-from ..structured.tree_candidates import SparseRows, host_widths, plan_tree_step, resolve_sparse_max_fraction
+from ..structured.tree.candidates import SparseRows, host_widths, plan_tree_step, resolve_sparse_max_fraction
 
 __all__ = ["tree_spec_step", "use_sparse_verification"]
 

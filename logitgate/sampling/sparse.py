@@ -2,7 +2,7 @@
 
 A layout holds some rows of the batch as (n, W) float logits plus a map from its columns to token
 ids. The dense layout is the identity map over the whole vocabulary; a sparse layout holds only the
-tokens a constraint allows (e.g. a tree state's candidates, structured/tree_candidates.py) with
+tokens a constraint allows (e.g. a tree state's candidates, structured/tree/candidates.py) with
 every other column -inf. Sampling a sparse layout is the same draw as sampling the masked full row:
 the softmax, temperature, top-k, top-p and min-p of a row see the same finite logits either way
 (disallowed tokens are -inf, probability 0, in both), greedy picks the first maximum (columns

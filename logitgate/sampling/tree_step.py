@@ -1,9 +1,9 @@
-"""Sampling a tree step: the layouts of a `structured.tree_candidates.TreeStepPlan` run through the
+"""Sampling a tree step: the layouts of a `structured.tree.candidates.TreeStepPlan` run through the
 Sampler, or the shortcuts that skip them (an all-greedy batch's argmax over candidates, the backend's
 fused draw over candidates), with the same distribution and random numbers as masking the full rows
 and sampling them.
 
-The constraint layer (structured/tree_candidates.py) decides the layout of each row (sparse width
+The constraint layer (structured/tree/candidates.py) decides the layout of each row (sparse width
 groups, dense rows) and owns the gathers; this module samples the plan. It lives in sampling/ so the
 layers point one way (sampling -> structured, never back).
 """
@@ -18,7 +18,7 @@ from ..backends import backend_for_tensor
 from ..backends.base import NOISE_UNIFORM
 from ..backends.sampling_rules import draw_uniforms
 from ..structured.tree import TreeDFA
-from ..structured.tree_candidates import TreeStepPlan, plan_tree_step
+from ..structured.tree.candidates import TreeStepPlan, plan_tree_step
 from .ops import check_logits, check_noise, check_top_p_values
 from .params import SAMPLING_EPS
 from .sampler import SamplerOutput

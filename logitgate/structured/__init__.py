@@ -30,7 +30,7 @@ _EXPORTS = {
     "apply_grammar_bitmask": ".speculative",
     "grammar_bitmask_rows": ".speculative",
     "strip_speculative_padding": ".speculative",
-    "TreeDFA": ".tree",
+    "TreeDFA": ".tree.dfa",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -53,4 +53,4 @@ if TYPE_CHECKING:
     from .params import StructuredOutputsParams
     from .registry import available_grammar_backends, get_grammar_backend_factory, register_grammar_backend
     from .speculative import apply_grammar_bitmask, grammar_bitmask_rows, strip_speculative_padding
-    from .tree import TreeDFA
+    from .tree.dfa import TreeDFA

@@ -9,7 +9,7 @@ import torch
 from .bitmask import allocate_token_bitmask
 from .manager import StructuredOutputManager
 from .tree import TreeDFA
-from .tree_walk import TreeWalk
+from .tree.walk import TreeWalk
 
 
 class TreeConstraint(TreeWalk):

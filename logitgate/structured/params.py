@@ -129,7 +129,7 @@ class StructuredOutputsParams:
 
 def load_token_trie_payload(value: Any) -> dict[str, Any]:
     """A token_trie payload (dict, JSON string or path) as a dict; ValueError naming the file."""
-    from .tree_loaders import load_json  # numpy only; kept out of this module's import
+    from .tree.loaders import load_json  # numpy only; kept out of this module's import
 
     payload, _ = load_json(dict(value) if isinstance(value, Mapping) else value, "token_trie payload")
     if not isinstance(payload, dict):

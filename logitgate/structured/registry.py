@@ -1,8 +1,9 @@
 """Grammar-backend registry: name -> factory.
 
-Built-in engines live in `logitgate/structured/*_backend.py` and register themselves when imported;
-the registry imports those modules on first lookup, so adding an engine is adding one such file
-(define the backend class, call `register_grammar_backend`). Code outside the package calls
+Built-in engines live in `*_backend.py` modules of `logitgate/structured/` or of a subpackage
+(`tree/grammar_backend.py`) and register themselves when imported; the registry imports those
+modules on first lookup, so adding an engine is adding one such file (define the backend class,
+call `register_grammar_backend`). Code outside the package calls
 `register_grammar_backend` itself before creating a manager.
 
 A factory is called as `factory(tokenizer_info=..., vocab_size=...)` and returns a GrammarBackend.
@@ -44,22 +45,33 @@ def register_grammar_backend(name: str, factory: BackendFactory, *, replace: boo
 
 
 def _discover() -> None:
-    """Import every `*_backend` module of this package once; each registers its engine."""
+    """Import every `*_backend` module once; each registers its engine."""
     global _discovered
     if _discovered:
         return
     with _discover_lock:
         if _discovered:
             return
-        for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
-            if not module.name.endswith("_backend"):
-                continue
+        for name in _backend_modules():
             try:
-                importlib.import_module(f"{__package__}.{module.name}")
+                importlib.import_module(f"{__package__}.{name}")
             except Exception as exc:  # noqa: BLE001 - one broken engine must not hide the others
-                _IMPORT_ERRORS[module.name] = f"{type(exc).__name__}: {exc}"
-                logger.warning("grammar backend module %s did not import: %s", module.name, exc)
+                _IMPORT_ERRORS[name] = f"{type(exc).__name__}: {exc}"
+                logger.warning("grammar backend module %s did not import: %s", name, exc)
         _discovered = True
+
+
+def _backend_modules() -> list[str]:
+    """The `*_backend` modules of this package and of its subpackages (tree/grammar_backend.py),
+    relative to this package; found without importing anything."""
+    here = Path(__file__).parent
+    names = []
+    for module in pkgutil.iter_modules([str(here)]):
+        if module.ispkg:
+            names += [f"{module.name}.{m.name}" for m in pkgutil.iter_modules([str(here / module.name)]) if m.name.endswith("_backend")]
+        elif module.name.endswith("_backend"):
+            names.append(module.name)
+    return names
 
 
 def available_grammar_backends() -> list[str]:

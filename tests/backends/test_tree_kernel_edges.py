@@ -3,7 +3,7 @@ every backend against the torch reference: CSR tables whose rows are padded with
 empty rows (a row allowing nothing: all -inf, whatever its start points at), widths that are not
 powers of two or wider than a tile, strided logits; and that the Triton backends really run their
 Triton kernels (not the reference they fall back to). Token ids outside the logits are rejected
-upstream (structured/tree_candidates.py), before any kernel."""
+upstream (structured/tree/candidates.py), before any kernel."""
 import os
 
 import pytest
@@ -19,7 +19,7 @@ from logitgate.backends.reference import (
     keep_candidate_logits_reference,
     unpack_bitmask,
 )
-from logitgate.structured.tree_candidates import keep_only_allowed, plan_tree_step
+from logitgate.structured.tree.candidates import keep_only_allowed, plan_tree_step
 from tests.helpers.devices import to_device
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]

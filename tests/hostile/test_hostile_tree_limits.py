@@ -11,9 +11,9 @@ import torch
 from logitgate import TreeDFA
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams
 from logitgate.sampling.tree_step import greedy_plan, sample_plan, tree_layouts
-from logitgate.structured import tree as tree_module
-from logitgate.structured.tree_candidates import plan_tree_step
-from logitgate.tree_limits import (
+from logitgate.structured.tree import dfa as tree_module
+from logitgate.structured.tree.candidates import plan_tree_step
+from logitgate.structured.tree.limits import (
     DEFAULT_CACHE_BYTES,
     ENV_CACHE_BYTES,
     ENV_MAX_BYTES,
@@ -60,7 +60,7 @@ def test_depth_limit_refuses_before_the_trie_is_built(monkeypatch):
     def no_trie(*args, **kwargs):
         raise AssertionError("the trie was built")
 
-    monkeypatch.setattr("logitgate.structured.tree_graph.build_trie", no_trie)
+    monkeypatch.setattr("logitgate.structured.tree.graph.build_trie", no_trie)
     monkeypatch.setenv(ENV_MAX_DEPTH, "3")
     with pytest.raises(TreeTooLarge, match=rf"sequences is too large: its depth is 4 tokens, over the limit of 3 tokens .*{ENV_MAX_DEPTH}"):
         TreeDFA.from_sequences([[5], [5, 6, 7, 8]], end_token_id=0, cache=False)
@@ -200,7 +200,7 @@ def test_plan_rows_outside_the_logits_batch_are_refused_when_sampling():
 
 
 def test_keep_only_allowed_rows_are_checked_on_cpu():
-    from logitgate.structured.tree_candidates import keep_only_allowed
+    from logitgate.structured.tree.candidates import keep_only_allowed
 
     states = TREE.initial_states(2)
     with pytest.raises(ValueError, match="rows holds 7, outside the 2 rows of logits"):

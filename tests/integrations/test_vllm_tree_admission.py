@@ -11,7 +11,7 @@ from logitgate import TreeDFA
 from logitgate.integrations.vllm.tree.admission import admit
 from logitgate.integrations.vllm.tree.args import tree_request_for
 from logitgate.sampling import SamplingParams
-from logitgate.tree_limits import TreeTooLarge
+from logitgate.structured.tree.limits import TreeTooLarge
 
 V = 64
 CONFIG = {"start_token_id": 40, "end_token_id": 2, "prefix_dict": {"40": [10, 11], "40_10": [12, 13], "40_10_12": [2]}}
@@ -176,7 +176,7 @@ def test_an_admission_process_that_ends_fails_that_parse_alone(tmp_path):
 
     from logitgate.integrations.vllm.tree import admission_process as tree_admission_process
     from logitgate.integrations.vllm.tree.admission import Job
-    from logitgate.tree_limits import TreeLimits
+    from logitgate.structured.tree.limits import TreeLimits
 
     fifo = tmp_path / "never-written"
     os.mkfifo(fifo)

@@ -204,7 +204,7 @@ def test_fused_draws_use_the_samplers_random_numbers(f):
     uniforms, per-request generators and the default one, in the same order), with dense rows in
     the batch too; where a draw lands within rounding of a cumulative sum the two may differ."""
     from logitgate.sampling.tree_step import fused_plan, tree_layouts
-    from logitgate.structured.tree_candidates import plan_tree_step
+    from logitgate.structured.tree.candidates import plan_tree_step
 
     g = torch.Generator().manual_seed(9)
     seqs = [[int(t) for t in torch.randint(1, VOCAB, (3,), generator=g)] for _ in range(150)]

@@ -36,8 +36,8 @@ from ...structured.manager import DEFAULT_KIND_BACKENDS
 from ...structured.params import StructuredOutputsParams
 from ...structured.registry import get_grammar_backend_factory
 from ...structured.tree import TreeDFA
-from ...structured.tree_candidates import keep_only_allowed
-from ...structured.tree_prompt import warn_prompt_start
+from ...structured.tree.candidates import keep_only_allowed
+from ...structured.tree.prompt import warn_prompt_start
 
 try:  # transformers is optional: the processors are plain callables either way
     from transformers import LogitsProcessor as _HFLogitsProcessor
@@ -144,7 +144,7 @@ class TreeLogitsProcessor(_HFLogitsProcessor):
         states = self.states(input_ids)
         if scores.device == self.tree.device:
             # Fill each row with -inf and put its allowed logits back: no bitmask over the vocabulary
-            # (structured/tree_candidates.py; columns past the tree's tokens end up -inf too).
+            # (structured/tree/candidates.py; columns past the tree's tokens end up -inf too).
             return keep_only_allowed(self.tree, scores.clone(), states)
         # Sized for the scores, so columns past the tree's tokens (LM-head padding) are masked too.
         bitmask = allocate_token_bitmask(rows, vocab, device=self.tree.device)

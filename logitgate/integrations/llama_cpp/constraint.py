@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ...structured.tree import TreeDFA
-from ...structured.tree_loaders import parse_token_trie
+from ...structured.tree.loaders import parse_token_trie
 from . import private_reads
 from .model import LlamaModelInfo
 from .processor import MODES, LlamaLogitsProcessor

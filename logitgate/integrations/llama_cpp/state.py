@@ -16,7 +16,7 @@ import torch
 
 from ...structured.bitmask import apply_token_bitmask_inplace, bitmask_from_token_ids
 from ...structured.tree import TreeDFA
-from ...structured.tree_candidates import keep_only_allowed
+from ...structured.tree.candidates import keep_only_allowed
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

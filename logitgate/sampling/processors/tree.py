@@ -1,6 +1,6 @@
 """Tree (RTP-LLM's tree decode as a logits processor): each request that asks for it in
 `SamplingParams.extra_args` is constrained to the paths of a TreeDFA. The extra_args keys are the
-request format of structured/tree_request.py (`TreeRequest`, `tree_request`, re-exported here); a
+request format of structured/tree/request.py (`TreeRequest`, `tree_request`, re-exported here); a
 token trie's end token defaults to the processor's `eos_token_id`; a request with no tree is left
 alone.
 
@@ -22,11 +22,11 @@ from ...backends.formats import num_bitmask_words
 from ...backends.transfer import to_device
 from ...structured.bitmask import apply_token_bitmask_inplace
 from ...structured.tree import TreeDFA
-from ...structured.tree_candidates import host_widths, keep_only_allowed
-from ...structured.tree_loaders import check_token_id, check_vocab_size
-from ...structured.tree_prompt import warn_prompt_start
-from ...structured.tree_request import TREE_ARG_KEYS, TreeRequest, tree_request
-from ...structured.tree_walk import TreeWalk
+from ...structured.tree.candidates import host_widths, keep_only_allowed
+from ...structured.tree.loaders import check_token_id, check_vocab_size
+from ...structured.tree.prompt import warn_prompt_start
+from ...structured.tree.request import TREE_ARG_KEYS, TreeRequest, tree_request
+from ...structured.tree.walk import TreeWalk
 from .interface import BatchUpdate, LogitsProcessor
 from .spec_layout import SpecDecodeLayout
 from .state import process_dict_updates, validate_added

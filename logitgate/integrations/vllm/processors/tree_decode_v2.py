@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ....sampling.processors.tree import Tree
-from ....structured.tree_walk import TreeWalk
+from ....structured.tree.walk import TreeWalk
 from ..tree import route as tree_route
 from ..tree.args import tree_request_for
 from .tree_decode import TreeDecodeLogitsProcessor, admit_tree_args

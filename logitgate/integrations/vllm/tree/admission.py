@@ -1,12 +1,12 @@
 """Admission of a tree request in vLLM's front end: is the tree well formed, made of the model's
 token ids and within the operator's size limits? The tree is parsed, never compiled: the front end
 keeps no compiled tree (the engine compiles it, once), and the cost is one linear, vectorised parse
-(tree_loaders), bounded by the byte limit.
+(structured/tree/loaders.py), bounded by the byte limit.
 
-The limits are the operator's tree limits (logitgate/tree_limits.py: LOGITGATE_TREE_MAX_BYTES,
+The limits are the operator's tree limits (logitgate/structured/tree/limits.py: LOGITGATE_TREE_MAX_BYTES,
 _NODES, _DEPTH), the same that bound every tree the library builds; beyond one, TreeTooLarge (a
 ValueError: HTTP 400) names the value, the limit and the variable. Bytes are measured by the same
-reader and nodes and depth counted by the same functions (tree_loaders.TreeSize) as in the engine's
+reader and nodes and depth counted by the same functions (structured.tree.loaders.TreeSize) as in the engine's
 compile, so a tree admitted here never fails the engine's own checks.
 
 `admit(request, vocab_size, eos_token_id)` -> `TreeShape` or ValueError naming the problem.
@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ....tree_limits import TreeLimits
+from ....structured.tree.limits import TreeLimits
 
 __all__ = ["Admission", "Job", "TreeShape", "admission", "admit", "handed_over", "parse_job"]
 
@@ -42,7 +42,7 @@ class TreeShape(NamedTuple):
 
     start_token_id: int | None  # a prefix dict's; None for a trie
     end_token_id: int
-    nodes: int  # as the operator's limits count them (tree_loaders.TreeSize)
+    nodes: int  # as the operator's limits count them (structured.tree.loaders.TreeSize)
     depth: int
 
 
@@ -61,7 +61,7 @@ _ADMITTED = None
 def _shape(kind: str, obj: Any, request: Any, end: int | None, vocab_size: int, limits: TreeLimits) -> TreeShape:
     import numpy as np
 
-    from ....structured.tree_loaders import (
+    from ....structured.tree.loaders import (
         parse_prefix_dict,
         parse_sequences,
         parse_token_trie,
@@ -100,7 +100,7 @@ class Job(NamedTuple):
 def parse_job(job: Job) -> TreeShape:
     """The shape of `job`'s tree, or ValueError naming the problem (the text beyond the byte limit,
     malformed JSON, a bad token id, a tree beyond the node or depth limit)."""
-    from ....structured.tree_loaders import parse_json_bytes, read_json_source
+    from ....structured.tree.loaders import parse_json_bytes, read_json_source
 
     what = "prefix dict config" if job.kind == "tree_decode" else "token trie payload"
     obj, raw, where = read_json_source(job.source, what, job.limits)
@@ -117,7 +117,7 @@ def _parse(job: Job, size: int) -> TreeShape:
 
 def _admit(request: Any, vocab_size: int, end: int | None, limits: TreeLimits) -> TreeShape:
     from ....structured.compile_cache import content_hash
-    from ....structured.tree_loaders import read_json_source
+    from ....structured.tree.loaders import read_json_source
 
     job = Job(request.kind, request.source, request.path, request.model_id, end, vocab_size, limits)
     if isinstance(request.source, (dict, list)):  # from an in-process caller: parsed as it is, no cache

@@ -23,7 +23,7 @@ from typing import Any
 
 from .... import envs
 from ....json_text import is_json_text
-from ....tree_limits import TreeLimits
+from ....structured.tree.limits import TreeLimits
 
 __all__ = ["GLOBAL_TREE_ENV", "TREE_DIR_ENV", "check_global_tree", "resolve_tree_args", "tree_request_for"]
 
@@ -124,7 +124,7 @@ def tree_request_for(sampling_params: Any) -> Any:
     object it came from), so the engine, when it runs in the front end's process and gets the same
     object, reuses the front end's resolve instead of looking the names up again. An engine in its
     own process gets a decoded copy without the note and resolves it itself. Errors are not kept."""
-    from ....structured.tree_request import tree_request
+    from ....structured.tree.request import tree_request
 
     extra_args = getattr(sampling_params, "extra_args", None)
     # What the resolve reads: the extra_args object and the operator's two variables.

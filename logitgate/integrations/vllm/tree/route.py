@@ -99,7 +99,7 @@ def _warn_prompt_start(shape: Any, prompt_ids: Any, request_id: str) -> None:
     """Once per request, in the front end: RTP-LLM's tree starts after its start token."""
     if shape.start_token_id is None or prompt_ids is None:
         return
-    from ....structured.tree_prompt import prompt_start_problem
+    from ....structured.tree.prompt import prompt_start_problem
 
     problem = prompt_start_problem(shape, prompt_ids)
     if problem is not None:

@@ -9,13 +9,13 @@ from logitgate.decode import Request, generate
 from logitgate.integrations.transformers import TreeLogitsProcessor
 from logitgate.sampling import SamplingParams
 from logitgate.sampling.processors import BatchUpdateBuilder, Tree
-from logitgate.structured.tree_prompt import prompt_start_problem
+from logitgate.structured.tree.prompt import prompt_start_problem
 
 V, EOS, START = 16, 1, 15
 CONFIG = {"start_token_id": START, "end_token_id": EOS, "prefix_dict": {"15": [4, 5], "15_4": [6], "15_4_6": [EOS]}}
 TREE = TreeDFA.from_prefix_dict(CONFIG, vocab_size=V)
 TRIE = TreeDFA.from_sequences([[4, 6]], end_token_id=EOS, vocab_size=V)
-LOGGER = "logitgate.structured.tree_prompt"
+LOGGER = "logitgate.structured.tree.prompt"
 
 
 def warnings_in(caplog) -> list[str]:

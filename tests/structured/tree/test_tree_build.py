@@ -1,4 +1,4 @@
-"""tree_graph.build_trie (numba, linear) against a plain-Python trie: the same nodes, numbered the same
+"""graph.build_trie (numba, linear) against a plain-Python trie: the same nodes, numbered the same
 way (level by level, siblings by token), the same end node per sequence and node per walk position;
 and compile times that stay linear on the inputs of issue 22.2 (deep chains, a long unreachable key)."""
 import json
@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from logitgate import TreeDFA
-from logitgate.structured.tree_graph import build_trie
-from logitgate.tree_limits import TreeLimits
+from logitgate.structured.tree.graph import build_trie
+from logitgate.structured.tree.limits import TreeLimits
 
 NO_LIMITS = TreeLimits(1 << 40, 1 << 40, 1 << 40)
 
@@ -95,12 +95,12 @@ def test_long_unreachable_key_compiles_in_linear_time():
 @given(sequences=st.lists(st.lists(st.integers(3, 9), min_size=1, max_size=8), min_size=1, max_size=20),
        drop=st.lists(st.integers(0, 200), max_size=5))
 def test_the_counted_size_bounds_the_compiled_tree(sequences, drop):
-    """What the node and depth limits count (tree_loaders.TreeSize, before the trie is built) is never
+    """What the node and depth limits count (loaders.TreeSize, before the trie is built) is never
     less than the compiled tree's nodes and depth: a tree within the limits compiles within them.
     Sequences: exactly, when no two share a first token; a prefix dict of every prefix: exactly,
     and still a bound with keys dropped (the keys past a dropped one become unreachable)."""
     from logitgate.models.demo import build_prefix_dict
-    from logitgate.structured.tree_loaders import parse_prefix_dict, prefix_dict_size, sequences_size
+    from logitgate.structured.tree.loaders import parse_prefix_dict, prefix_dict_size, sequences_size
 
     size = sequences_size(np.array([len(s) for s in sequences]))
     stats = TreeDFA.from_sequences(sequences, end_token_id=2, cache=False, limits=NO_LIMITS).stats()

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from logitgate import TreeDFA
-from logitgate.structured.tree_candidates import (
+from logitgate.structured.tree.candidates import (
     ENV_SPARSE_MAX_FRACTION,
     plan_tree_step,
     ragged_candidates,
@@ -101,7 +101,7 @@ def test_crossover_is_overridable(monkeypatch):
 @given(case=trees_and_states())
 def test_keep_only_allowed_equals_the_bitmask_masking(case):
     import logitgate
-    from logitgate.structured.tree_candidates import keep_only_allowed
+    from logitgate.structured.tree.candidates import keep_only_allowed
 
     tree, states = case
     logits = torch.randn(len(states), VOCAB + 7).to(tree.device)  # LM-head padding past the tree's vocabulary
@@ -113,7 +113,7 @@ def test_keep_only_allowed_equals_the_bitmask_masking(case):
 
 
 def test_keep_only_allowed_checks_its_inputs():
-    from logitgate.structured.tree_candidates import keep_only_allowed
+    from logitgate.structured.tree.candidates import keep_only_allowed
 
     tree = TreeDFA.from_sequences([[5, 6]], end_token_id=0, vocab_size=VOCAB, cache=False)
     with pytest.raises(ValueError, match="2 states for 1 logits rows"):

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..backends.formats import num_bitmask_words
-from .tree_loaders import PrefixDictSpec, SequenceSpec, quote_key
+from ...backends.formats import num_bitmask_words
+from .loaders import PrefixDictSpec, SequenceSpec, quote_key
 
 CODE_SHIFT = 31  # (node, token) -> node << 31 | token; token ids are < 2**31
 TOKEN_MASK = (1 << CODE_SHIFT) - 1
@@ -100,7 +100,7 @@ def build_trie(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tup
     (sequence i's tokens at walk positions sum(lengths[:i]) ...). Nodes are numbered level by level
     and, inside a level, by (parent, token) — so parent << 31 | token increases with the node id.
     """
-    from .tree_trie_kernels import insert_sequences, level_order
+    from .trie_kernels import insert_sequences, level_order
 
     flat = np.ascontiguousarray(flat, np.int64)
     starts = np.ascontiguousarray(starts, np.int64)

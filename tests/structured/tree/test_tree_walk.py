@@ -5,8 +5,8 @@ import pytest
 
 from logitgate import TreeDFA
 from logitgate.structured.constraint_state import TreeConstraint
-from logitgate.structured.tree_backend import TreeGrammar
-from logitgate.structured.tree_walk import TreeWalk
+from logitgate.structured.tree.grammar_backend import TreeGrammar
+from logitgate.structured.tree.walk import TreeWalk
 
 TREE = TreeDFA.from_sequences([[5, 6], [5, 7], [9]], end_token_id=0, vocab_size=32, cache=False)
 

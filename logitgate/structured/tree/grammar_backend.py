@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..checks import as_token_id
-from .grammar import BaseGrammarBackend, Grammar
-from .params import load_token_trie_payload
-from .registry import register_grammar_backend
-from .tree_walk import TreeWalk
+from ...checks import as_token_id
+from ..grammar import BaseGrammarBackend, Grammar
+from ..params import load_token_trie_payload
+from ..registry import register_grammar_backend
+from .walk import TreeWalk
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class TreeBackend(BaseGrammarBackend):
         if kind not in self.kinds:
             raise ValueError(f"the tree backend cannot compile {kind!r} constraints")
         try:
-            from .tree import TreeDFA
+            from .dfa import TreeDFA
         except ImportError as exc:
             raise ValueError(f"{kind} constraints need logitgate's TreeDFA, which is not available: {exc}") from exc
         if kind == "prefix_dict":

@@ -3,7 +3,7 @@
 A tree comes from a client (a vLLM request) as often as from a file, so its size is the operator's
 policy. Each limit is checked before the work it protects: the JSON text's size before parsing,
 the node count and the depth (longest sequence / key) before the trie is built. Nodes are counted
-from the parsed tree (tree_loaders.TreeSize: the root and a node per token of a sequence, or per
+from the parsed tree (loaders.TreeSize: the root and a node per token of a sequence, or per
 key of a prefix dict), never fewer than the compiled tree has, the same way wherever a tree is
 checked (the vLLM front end and the compile). Beyond a limit, `TreeTooLarge` (a ValueError: an HTTP 400
 in the vLLM plugin) names the limit, the value and the variable that sets it.
@@ -26,7 +26,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from . import envs
+from ... import envs
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
@@ -125,7 +125,7 @@ class TreeLimits:
         return raw
 
     def check_size(self, size: tuple[int, int], what: str = "tree") -> None:
-        """A tree's (nodes, depth) as counted before its trie is built (tree_loaders.TreeSize):
+        """A tree's (nodes, depth) as counted before its trie is built (loaders.TreeSize):
         the node limit, then the depth limit."""
         nodes, depth = size
         self.check_nodes(nodes, what)

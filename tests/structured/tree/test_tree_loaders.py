@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from logitgate import TreeDFA
 from logitgate.structured.compile_cache import LRUCache, content_hash
-from logitgate.structured.tree_loaders import parse_prefix_dict, prefix_dict_problems
+from logitgate.structured.tree.loaders import parse_prefix_dict, prefix_dict_problems
 
 GOOD = {"start_token_id": 225, "end_token_id": 2, "sep": "_", "prefix_dict": {"225": [64000], "225_64000": [64001, 2]}}
 PAYLOAD = {

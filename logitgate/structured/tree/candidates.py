@@ -33,12 +33,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import envs
-from ..backends.base import CandidateRows
-from ..backends.formats import num_bitmask_words
-from ..backends.transfer import to_device
-from ..checks import short_repr
-from .tree import TreeDFA
+from ... import envs
+from ...backends.base import CandidateRows
+from ...backends.formats import num_bitmask_words
+from ...backends.transfer import to_device
+from ...checks import short_repr
+from .dfa import TreeDFA
 
 __all__ = [
     "DEFAULT_SPARSE_MAX_FRACTION",
@@ -137,7 +137,7 @@ class DenseRows:
 
     def mask(self, logits: torch.Tensor) -> None:
         """Mask these rows of `logits` (B, V) in place to their allowed sets (bitmask fill + apply)."""
-        from .bitmask import apply_token_bitmask_inplace
+        from ..bitmask import apply_token_bitmask_inplace
 
         bitmask = torch.empty((len(self.rows), num_bitmask_words(logits.shape[-1])), dtype=torch.int32, device=self.tree.device)
         self.tree.fill_bitmask(self.states, bitmask)

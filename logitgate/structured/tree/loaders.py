@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..checks import short_repr
-from ..json_text import is_json_text
-from ..tree_limits import TreeLimits
+from ...checks import short_repr
+from ...json_text import is_json_text
+from .limits import TreeLimits
 
 INT32_MAX = 2**31 - 1
 DEFAULT_SEP = "_"

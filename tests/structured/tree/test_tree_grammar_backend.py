@@ -1,4 +1,4 @@
-"""The tree grammar backend on logitgate's TreeDFA (structured/tree.py). Skipped until TreeDFA is
+"""The tree grammar backend on logitgate's TreeDFA (structured/tree/dfa.py). Skipped until TreeDFA is
 merged; everything here goes through TreeDFA's documented API only."""
 import json
 
@@ -13,7 +13,7 @@ TreeDFA = getattr(logitgate, "TreeDFA", None)
 if TreeDFA is None:
     pytest.skip("logitgate.TreeDFA is not available yet", allow_module_level=True)
 
-from logitgate.structured.tree_backend import TreeBackend  # noqa: E402
+from logitgate.structured.tree.grammar_backend import TreeBackend  # noqa: E402
 
 ALL = torch.full((10,), -1, dtype=torch.int32)
 START = 5

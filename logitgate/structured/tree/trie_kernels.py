@@ -1,9 +1,9 @@
-"""numba kernels that build a token trie in time linear in its input (tree_graph.build_trie loads
+"""numba kernels that build a token trie in time linear in its input (graph.build_trie loads
 them on first use: vLLM's start-up must not load numba).
 
 `insert_sequences` walks every sequence once through an open-addressing hash table of
 (parent << 31 | token) -> node, numbering nodes as they first appear; `level_order` renumbers them
-breadth first with siblings by token, the order tree_graph documents (and that the old per-level
+breadth first with siblings by token, the order graph.py documents (and that the old per-level
 numpy build produced)."""
 from __future__ import annotations
 

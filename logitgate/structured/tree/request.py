@@ -16,8 +16,8 @@ import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from .tree import TreeDFA
-from .tree_loaders import check_token_id
+from .dfa import TreeDFA
+from .loaders import check_token_id
 
 __all__ = ["TREE_ARG_KEYS", "TreeRequest", "tree_request"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from .tree import TreeDFA
+from .dfa import TreeDFA
 
 logger = logging.getLogger(__name__)
 

@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..backends import Backend, get_backend
-from ..backends.formats import gather_csr_rows
-from ..tree_limits import TreeLimits, TreeTooLarge, cache_bytes_from_env
-from .compile_cache import LRUCache, content_hash
-from .tree_graph import CODE_SHIFT, CompiledTree, TreeGraph, compile_graph, prefix_dict_graph, sequences_graph
-from .tree_loaders import (
+from ...backends import Backend, get_backend
+from ...backends.formats import gather_csr_rows
+from ..compile_cache import LRUCache, content_hash
+from .graph import CODE_SHIFT, CompiledTree, TreeGraph, compile_graph, prefix_dict_graph, sequences_graph
+from .limits import TreeLimits, cache_bytes_from_env
+from .loaders import (
     INT32_MAX,
     PrefixDictSpec,
     SequenceSpec,
@@ -42,13 +42,13 @@ from .tree_loaders import (
     tokenize_strings,
 )
 
-__all__ = ["TreeDFA", "TreeLimits", "TreeTooLarge"]
+__all__ = ["TreeDFA"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_DENSE_MIN_WIDTH = 256  # nodes allowing at least this many tokens may keep a bitmask row
 DEFAULT_DENSE_BUDGET_BYTES = 64 << 20  # memory for those rows, per tree
-DEFAULT_CACHE_SIZE = 32  # trees; the byte bound (LOGITGATE_TREE_CACHE_BYTES, tree_limits.py) also applies
+DEFAULT_CACHE_SIZE = 32  # trees; the byte bound (LOGITGATE_TREE_CACHE_BYTES, limits.py) also applies
 _DENSE_BUILD_ENTRIES = 1 << 22  # padded entries per chunk when building the dense rows
 
 # Made on first use, so that the byte bound is read from the environment then (not at import).
@@ -95,7 +95,7 @@ class TreeDFA:
 
     Every constructor takes `limits=` (a TreeLimits; default `TreeLimits.from_env()`, i.e.
     LOGITGATE_TREE_MAX_BYTES / _NODES / _DEPTH): a larger tree raises TreeTooLarge (a ValueError)
-    before the work the limit protects (tree_limits.py)."""
+    before the work the limit protects (limits.py)."""
 
     def __init__(self, compiled: CompiledTree, *, kind: str, backend: Backend, vocab_size: int | None) -> None:
         """Internal: use the `from_*` constructors."""
@@ -296,7 +296,7 @@ class TreeDFA:
         )
 
     # ------------------------------------------------------------------------------------------
-    # read-only face for the layers that lay out and sample a step (tree_candidates, the decode
+    # read-only face for the layers that lay out and sample a step (candidates.py, the decode
     # step, the vLLM route): the compiled arrays, never to be written
 
     @property
