@@ -20,7 +20,7 @@ top-p 0.9; the same Sampler everywhere) on three trees, B=64 rows at depths 0-2:
   Llama-3 tokenizer, joined by spaces) tokenized with that tokenizer (add_special_tokens=False),
   with its compile time and memory per node;
 methods: rtp_style (string keys, uint8 host mask, masked_fill, Sampler), logitgate_dense
-(fill_bitmask + apply, Sampler) and logitgate_tree_step (sampling/tree_step.py:
+(fill_bitmask + apply, Sampler) and logitgate_tree_step (sampling/tree_sampling.py:
 sample_tree_step, the default crossover), interleaved, medians; "crossover" times sparse against
 dense for rows allowing a growing fraction of the vocabulary. `--steps-only` skips the rest.
 
@@ -42,7 +42,7 @@ from logitgate import TreeDFA
 from logitgate.backends.cpu.threads import set_thread_cap
 from logitgate.cli.bench_harness import Progress, emit, plot_bars, time_runs
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams
-from logitgate.sampling.tree_step import sample_tree_step
+from logitgate.sampling.tree_sampling import sample_tree_step
 from logitgate.structured.tree.candidates import keep_only_allowed
 
 START, END = 1, 2

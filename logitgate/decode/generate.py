@@ -32,7 +32,7 @@ from ..structured.constraint_state import GrammarConstraint, TreeConstraint, fil
 from ..structured.manager import StructuredOutputManager
 from ..structured.tree import TreeDFA
 from ..structured.tree.prompt import warn_prompt_start
-from .tree_step import tree_spec_step, use_sparse_verification
+from .sparse_tree_step import tree_spec_step, use_sparse_verification
 
 Model = Callable[[torch.Tensor], torch.Tensor]
 MAX_FORCED_TOKENS = 32  # forced tokens appended per step (each costs one position of the target pass)
@@ -332,7 +332,7 @@ def _metadata(active: list[_Seq], index: list[int], device: torch.device) -> Sam
 def _step(model, draft_model, active, stats, sampler, k, ngram, jump_forward, pad, device, vocab, sparse_max_fraction=None) -> None:
     """One target pass over every active sequence, then per sequence its emitted tokens. Sequences
     are verified independently, so the batch splits: the sequences of each tree whose rows pay
-    sparse (decode/tree_step.py: candidates, the plan's crossover) go through tree_spec_step, the
+    sparse (decode/sparse_tree_step.py: candidates, the plan's crossover) go through tree_spec_step, the
     rest (grammars, no constraint, trees past the crossover) through the masked dense rows."""
     stats.steps += 1
     stats.sequence_steps += len(active)

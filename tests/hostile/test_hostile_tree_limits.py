@@ -10,7 +10,7 @@ import torch
 
 from logitgate import TreeDFA
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams
-from logitgate.sampling.tree_step import greedy_plan, sample_plan, tree_layouts
+from logitgate.sampling.tree_sampling import greedy_plan, sample_plan, tree_layouts
 from logitgate.structured.tree import dfa as tree_module
 from logitgate.structured.tree.candidates import plan_tree_step
 from logitgate.structured.tree.limits import (

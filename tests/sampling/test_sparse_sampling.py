@@ -15,7 +15,7 @@ from logitgate.backends.base import CandidateRows
 from logitgate.backends.reference import apply_top_k_top_p_reference
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, make_generator
 from logitgate.sampling.sparse import Layout, sample_layouts
-from logitgate.sampling.tree_step import sample_tree_step
+from logitgate.sampling.tree_sampling import sample_tree_step
 from tests.helpers.devices import to_device
 from tests.helpers.sampling_helpers import interpreted_triton
 
@@ -199,11 +199,11 @@ def test_sample_candidates_draws_the_masked_softmax(backend, assert_distribution
 
 @pytest.mark.parametrize("f", FILTERS[:4], ids=[str(f) for f in FILTERS[:4]])
 def test_fused_draws_use_the_samplers_random_numbers(f):
-    """On CPU random rows over candidates take Backend.sample_candidates (sampling/tree_step.py:
+    """On CPU random rows over candidates take Backend.sample_candidates (sampling/tree_sampling.py:
     fused_plan): for the same seeds it draws the tokens the layouts + Sampler draw (the same
     uniforms, per-request generators and the default one, in the same order), with dense rows in
     the batch too; where a draw lands within rounding of a cumulative sum the two may differ."""
-    from logitgate.sampling.tree_step import fused_plan, tree_layouts
+    from logitgate.sampling.tree_sampling import fused_plan, tree_layouts
     from logitgate.structured.tree.candidates import plan_tree_step
 
     g = torch.Generator().manual_seed(9)

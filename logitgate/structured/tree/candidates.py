@@ -22,7 +22,7 @@ or the `sparse_max_fraction` argument) was measured with scripts/bench_tree.py (
 "Tree decode steps"): on CPU a row is cheaper sparse until it allows about half the vocabulary.
 
 Sampling a plan (its layouts through the Sampler, the greedy and fused shortcuts) is the sampling
-layer's: logitgate.sampling.tree_step (`sample_tree_step`, `sample_plan`, `tree_layouts`, ...).
+layer's: logitgate.sampling.tree_sampling (`sample_tree_step`, `sample_plan`, `tree_layouts`, ...).
 """
 from __future__ import annotations
 

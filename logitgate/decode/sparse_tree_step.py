@@ -22,7 +22,7 @@ import torch
 from ..backends.transfer import to_device
 from ..sampling.rejection import rejection_sample
 from ..sampling.sampler import Sampler, SamplingMetadata
-from ..sampling.tree_step import sample_plan
+from ..sampling.tree_sampling import sample_plan
 from ..structured.tree import TreeDFA
 from ..structured.tree.candidates import SparseRows, host_widths, plan_tree_step, resolve_sparse_max_fraction
 

@@ -7,7 +7,7 @@ import torch
 from scipy import stats as scistats
 
 from logitgate import TreeDFA
-from logitgate.decode.tree_step import tree_spec_step
+from logitgate.decode.sparse_tree_step import tree_spec_step
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams
 from logitgate.sampling.rejection import parse_output, rejection_sample
 from logitgate.sampling.spec_constraint import constrain_spec_logits
