@@ -399,7 +399,7 @@ def _record(active, drafts, num_forced, emitted, stats) -> None:
         kept = _keep(q, tokens if end is None else tokens[:end])  # nothing after the constraint's end
         stats.tokens += len(kept)
         if q.constraint is not None:
-            q.constraint.accept(kept)
+            q.constraint.commit(kept)
             if q.finish_reason is None and q.constraint.is_terminated():
                 q.finish_reason = "constraint"
 

@@ -9,19 +9,16 @@ import torch
 from .bitmask import allocate_token_bitmask
 from .manager import StructuredOutputManager
 from .tree import TreeDFA
-from .tree.walk import TreeWalk
+from .tree.cursor import TreeCursor
 
 
-class TreeConstraint(TreeWalk):
-    """A sequence's walk through a TreeDFA in a decode loop, with the interface GrammarConstraint
-    shares (valid_prefix, accept, forced_tokens, end_of, is_terminated). `accept` takes tokens the
-    loop already decided (sampled under the tree's mask): TreeWalk.advance. `fork()` copies it
+class TreeConstraint(TreeCursor):
+    """A sequence's cursor in a TreeDFA in a decode loop, with the interface GrammarConstraint
+    shares (valid_prefix, commit, forced_tokens, end_of, is_terminated). `commit` takes the tokens
+    the loop decided (sampled under the tree's mask): every token moves. `fork()` copies it
     (beams, n > 1)."""
 
     __slots__ = ()
-
-    def accept(self, tokens: Sequence[int]) -> None:  # type: ignore[override]
-        self.advance(tokens)
 
 
 class GrammarConstraint:
@@ -34,7 +31,9 @@ class GrammarConstraint:
     def valid_prefix(self, drafts: Sequence[int]) -> int:
         return len(self.manager.validate_tokens(self.request_id, list(drafts)))
 
-    def accept(self, tokens: Sequence[int]) -> None:
+    def commit(self, tokens: Sequence[int]) -> None:
+        """Take the tokens the loop decided; RuntimeError when the grammar refuses them (they
+        were sampled under its mask, so that is a bug, not a draft to reject)."""
         if tokens and not self.manager.accept_tokens(self.request_id, list(tokens)):
             raise RuntimeError(f"request {self.request_id!r}: the grammar rejected sampled tokens {list(tokens)}")
 

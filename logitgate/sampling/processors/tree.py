@@ -23,10 +23,10 @@ from ...backends.transfer import to_device
 from ...structured.bitmask import apply_token_bitmask_inplace
 from ...structured.tree import TreeDFA
 from ...structured.tree.candidates import host_widths, keep_only_allowed
+from ...structured.tree.cursor import TreeCursor
 from ...structured.tree.loaders import check_token_id, check_vocab_size
 from ...structured.tree.prompt import warn_prompt_start
 from ...structured.tree.request import TREE_ARG_KEYS, TreeRequest, tree_request
-from ...structured.tree.walk import TreeWalk
 from .interface import BatchUpdate, LogitsProcessor
 from .spec_layout import SpecDecodeLayout
 from .state import process_dict_updates, validate_added
@@ -37,17 +37,17 @@ logger = logging.getLogger(__name__)
 
 
 class _TreeRow:
-    """One request's walk and the output-token list it follows (TreeWalk.follow)."""
+    """One request's cursor and the output-token list it follows (TreeCursor.follow)."""
 
-    __slots__ = ("output_ids", "walk")
+    __slots__ = ("output_ids", "cursor")
 
     def __init__(self, tree: TreeDFA, output_ids: list[int]) -> None:
-        self.walk = TreeWalk(tree)
+        self.cursor = TreeCursor(tree)
         self.output_ids = output_ids
 
-    def catch_up(self) -> TreeWalk:
-        self.walk.follow(self.output_ids)
-        return self.walk
+    def catch_up(self) -> TreeCursor:
+        self.cursor.follow(self.output_ids)
+        return self.cursor
 
 
 class Tree(LogitsProcessor):
@@ -113,13 +113,13 @@ class Tree(LogitsProcessor):
         if row is None:
             return None
         row.catch_up()
-        return row.walk.state
+        return row.cursor.state
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         entries = []
         for index, row in self._rows.items():
             row.catch_up()
-            entries.append((index, row.walk.tree, row.walk.state))
+            entries.append((index, row.cursor.tree, row.cursor.state))
         return self.mask_rows(logits, entries)
 
     def apply_with_spec_decode(self, logits, num_draft_tokens, draft_token_ids=None) -> torch.Tensor:
@@ -131,8 +131,8 @@ class Tree(LogitsProcessor):
             # A placeholder draft (an id outside the vocabulary) is always rejected, so the rows
             # after it are never sampled; they get the error state, as TreeDFA.advance would give.
             valid = next((i for i, t in enumerate(drafts) if not 0 <= t < self.vocab_size), len(drafts))
-            tree = row.walk.tree
-            states = row.walk.walk_states(drafts[:valid]) + [tree.error_state] * (len(drafts) - valid)
+            tree = row.cursor.tree
+            states = row.cursor.walk_states(drafts[:valid]) + [tree.error_state] * (len(drafts) - valid)
             entries.extend((logit_row, tree, s) for logit_row, s in zip(layout.rows_of(index), states))
         return self.mask_rows(logits, entries)
 

@@ -6,7 +6,7 @@
                        counting them against the limits before a trie is built (numpy only)
     graph.py           the trie and its compiled arrays (numpy); trie_kernels.py its numba kernels
     dfa.py             TreeDFA: the compiled, immutable, device-resident tree
-    walk.py            TreeWalk: one request's walk, shared by every route
+    cursor.py          TreeCursor: one request's position in a tree, shared by every route
     request.py         the request format every route accepts (TreeRequest, tree_request)
     candidates.py      a batch's candidate plan (sparse width groups, dense rows)
     prompt.py          the check that a prompt ends in the tree's start token
@@ -21,6 +21,7 @@ from ...lazy import lazy_exports
 
 # public name -> the module that defines it
 _EXPORTS = {
+    "TreeCursor": ".cursor",
     "TreeDFA": ".dfa",
     "TreeBackend": ".grammar_backend",
     "TreeGrammar": ".grammar_backend",
@@ -29,7 +30,6 @@ _EXPORTS = {
     "TREE_ARG_KEYS": ".request",
     "TreeRequest": ".request",
     "tree_request": ".request",
-    "TreeWalk": ".walk",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -38,8 +38,8 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:
+    from .cursor import TreeCursor
     from .dfa import TreeDFA
     from .grammar_backend import TreeBackend, TreeGrammar
     from .limits import TreeLimits, TreeTooLarge
     from .request import TREE_ARG_KEYS, TreeRequest, tree_request
-    from .walk import TreeWalk

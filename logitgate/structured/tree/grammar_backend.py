@@ -1,7 +1,7 @@
 """TreeDFA as a grammar backend: `prefix_dict` (RTP-LLM tree decode) and `token_trie` constraints.
 
-A TreeDFA state is an int node id and the tree is immutable, so a grammar is a TreeWalk (its list
-of visited states: validate walks without committing, rollback truncates the list). Trees are built
+A TreeDFA state is an int node id and the tree is immutable, so a grammar is a TreeCursor (its list
+of visited states: validate follows tokens without taking them, rollback truncates the list). Trees are built
 on the host because the manager's bitmask lives there; a whole batch of rows is one
 `TreeDFA.fill_bitmask` call per tree.
 """
@@ -18,17 +18,17 @@ from ...checks import as_token_id
 from ..grammar import BaseGrammarBackend, Grammar
 from ..params import load_token_trie_payload
 from ..registry import register_grammar_backend
-from .walk import TreeWalk
+from .cursor import TreeCursor
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["TreeBackend", "TreeGrammar"]
 
 
-class TreeGrammar(TreeWalk):
-    """One request's walk through a TreeDFA as a Grammar (grammar.py): a token is accepted when it
+class TreeGrammar(TreeCursor):
+    """One request's cursor in a TreeDFA as a Grammar (grammar.py): a token is accepted when it
     is one of the current state's allowed tokens (RTP-LLM's candidates, end-token fallback
-    included) and the walk has not finished; the end token finishes it (TreeWalk.accept)."""
+    included) and the cursor has not finished; the end token finishes it (TreeCursor.accept)."""
 
     __slots__ = ()
 

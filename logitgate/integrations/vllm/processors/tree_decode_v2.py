@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ....sampling.processors.tree import Tree
-from ....structured.tree.walk import TreeWalk
+from ....structured.tree.cursor import TreeCursor
 from ..tree import route as tree_route
 from ..tree.args import tree_request_for
 from .tree_decode import TreeDecodeLogitsProcessor, admit_tree_args
@@ -54,7 +54,7 @@ class TreeDecodeLogitsProcessorV2(_V2Base):
         self.req_states = req_states
         self.vocab_size = int(req_states.vocab_size)
         self.masker = Tree(self.vocab_size, req_states.device)  # trees' device and the batched mask
-        self._slots: dict[int, TreeWalk] = {}  # each slot's walk over its committed output tokens
+        self._slots: dict[int, TreeCursor] = {}  # each slot's walk over its committed output tokens
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
@@ -68,10 +68,10 @@ class TreeDecodeLogitsProcessorV2(_V2Base):
         if request is None:
             return False
         tree = request.compile(self.vocab_size, self.masker.device, getattr(sampling_params, "eos_token_id", None))
-        self._slots[req_idx] = TreeWalk(tree)
+        self._slots[req_idx] = TreeCursor(tree)
         return True
 
-    def _committed(self, slot: int, start: int, end: int) -> TreeWalk:
+    def _committed(self, slot: int, start: int, end: int) -> TreeCursor:
         """The slot's walk after its committed output tokens at positions [start, end) (a shorter
         output than before: the request was preempted or rolled back, and is replayed)."""
         walk = self._slots[slot]

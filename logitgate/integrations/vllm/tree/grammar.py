@@ -7,7 +7,7 @@ advances the grammar by the tokens the rejection sampler accepted. Serving tree 
 it (rather than through a logits processor, which vLLM does not load with speculative decoding)
 makes the tree hold with and without drafts, on every model runner.
 
-The walk itself is logitgate's `TreeGrammar` (a TreeWalk, structured/tree/walk.py); this module only speaks
+The walk itself is logitgate's `TreeGrammar` (a TreeCursor, structured/tree/cursor.py); this module only speaks
 vLLM's interface. Imported by the engine when the first tree request arrives, never at start-up.
 """
 from __future__ import annotations

@@ -1,18 +1,21 @@
-"""A request's walk through a TreeDFA, written once for every route: the grammar backend and vLLM's
-structured-output route (`TreeGrammar`), the decode loop (`TreeConstraint`), and the logits
-processors that follow an engine's output list (`Tree`, the Model Runner V2 processor).
+"""TreeCursor: one request's position in a TreeDFA, written once for every route: the grammar backend
+and vLLM's structured-output route (`TreeGrammar`), the decode loop (`TreeConstraint`), and the
+logits processors that follow an engine's output list (`Tree`, the Model Runner V2 processor).
 
-A walk keeps the states it visited (the root first), so it can roll back, and counts the tokens it
-took, so it can follow an output that grows and sometimes shrinks. It moves in two ways:
+A cursor keeps the states it visited (the root first), so it can roll back, and counts the tokens
+it took, so it can follow an output that grows and sometimes shrinks. It takes tokens in two ways:
 
-- `advance` (RTP-LLM's semantics, for tokens already decided: sampled under the tree's mask, or an
+- `commit` (RTP-LLM's semantics, for tokens already decided: sampled under the tree's mask, or an
   engine's output): every token moves; a token the state does not allow leads to the error state,
   whose only token is the end token; finished states never change.
 - `accept` / `validate` (a grammar's semantics, for tokens proposed: drafts, vLLM's scheduler): a
-  token is taken only when the state allows it and the walk has not finished; `accept` takes all
+  token is taken only when the state allows it and the cursor has not finished; `accept` takes all
   or nothing.
 
-The trees are immutable, so each state's allowed set is memoised once per tree, shared by all walks.
+Names: `TreeDFA.advance` moves a batch of states (tensors) one token each; `TreeDFA.walk` and
+`walk_states` follow tokens from a state without keeping anything; a cursor `commit`s them.
+
+The trees are immutable, so each state's allowed set is memoised once per tree, shared by all cursors.
 """
 from __future__ import annotations
 
@@ -20,21 +23,21 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["TreeWalk"]
+__all__ = ["TreeCursor"]
 
 _allowed_memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _allowed_sets(tree: Any) -> dict[int, frozenset[int]]:
-    """The memo of `tree`'s allowed sets by state (filled as walks ask)."""
+    """The memo of `tree`'s allowed sets by state (filled as cursors ask)."""
     memo = _allowed_memo.get(tree)
     if memo is None:
         memo = _allowed_memo.setdefault(tree, {})
     return memo
 
 
-class TreeWalk:
-    """One request's walk through a TreeDFA, from `state` (default the root)."""
+class TreeCursor:
+    """One request's position in a TreeDFA and the states before it, from `state` (default the root)."""
 
     __slots__ = ("tree", "_states", "_allowed")
 
@@ -49,7 +52,7 @@ class TreeWalk:
 
     @property
     def num_tokens(self) -> int:
-        """Tokens taken since the walk began (or was reset)."""
+        """Tokens taken since the cursor began (or was reset)."""
         return len(self._states) - 1
 
     def allows(self, state: int, token: int) -> bool:
@@ -60,15 +63,15 @@ class TreeWalk:
 
     # ---- decided tokens (RTP-LLM semantics: every token moves) ----
 
-    def advance(self, tokens: Sequence[int]) -> None:
-        """Take `tokens` (TreeDFA.step: an unknown token leads to the error state)."""
+    def commit(self, tokens: Sequence[int]) -> None:
+        """Take `tokens`, already decided (TreeDFA.step: an unknown token leads to the error state)."""
         tree, state = self.tree, self._states[-1]
         for token in tokens:
             state = tree.step(state, token)
             self._states.append(state)
 
     def walk_states(self, tokens: Sequence[int], vocab_size: int | None = None) -> list[int]:
-        """The state before each token and after the last (1 + len(tokens) states), as `advance`
+        """The state before each token and after the last (1 + len(tokens) states), as `commit`
         would visit them; nothing taken. With `vocab_size`, a token outside [0, vocab_size) (an
         engine's placeholder draft) leads to the error state instead of raising."""
         tree, states = self.tree, [self._states[-1]]
@@ -81,12 +84,12 @@ class TreeWalk:
 
     def catch_up(self, length: int, read: Callable[[int, int], Sequence[int]]) -> None:
         """Follow an output whose first `length` tokens are final: `read(start, end)` gives its
-        tokens [start, end). Tokens past those already taken are advanced; an output shorter than
-        the walk (the engine dropped or preempted tokens) is replayed from the root."""
+        tokens [start, end). Tokens past those already taken are committed; an output shorter than
+        the cursor (the engine dropped or preempted tokens) is replayed from the root."""
         if length < self.num_tokens:
             self.reset()
         if length > self.num_tokens:
-            self.advance(read(self.num_tokens, length))
+            self.commit(read(self.num_tokens, length))
 
     def follow(self, output_ids: Sequence[int]) -> None:
         """`catch_up` with an output-token list held by reference (an engine's own list), whose
@@ -100,7 +103,7 @@ class TreeWalk:
     # ---- proposed tokens (grammar semantics: only allowed tokens, nothing after the end) ----
 
     def _take(self, tokens: Sequence[int]) -> list[int]:
-        """The states after each token the walk would accept, stopping at the first it would not."""
+        """The states after each token the cursor would accept, stopping at the first it would not."""
         tree, state, visited = self.tree, self._states[-1], []
         for token in tokens:
             token = int(token)
@@ -111,7 +114,7 @@ class TreeWalk:
         return visited
 
     def accept(self, tokens: Sequence[int]) -> bool:
-        """Take `tokens` if the walk accepts every one; otherwise take none and return False."""
+        """Take `tokens` if the cursor accepts every one; otherwise take none and return False."""
         visited = self._take(tokens)
         if len(visited) != len(tokens):
             return False
@@ -119,7 +122,7 @@ class TreeWalk:
         return True
 
     def validate(self, tokens: Sequence[int]) -> list[int]:
-        """The longest prefix of `tokens` the walk would accept; nothing taken."""
+        """The longest prefix of `tokens` the cursor would accept; nothing taken."""
         return [int(t) for t in tokens[: len(self._take(tokens))]]
 
     def valid_prefix(self, tokens: Sequence[int]) -> int:
@@ -152,10 +155,10 @@ class TreeWalk:
             del self._states[-num_tokens:]
 
     def reset(self) -> None:
-        """Back to where the walk began."""
+        """Back to where the cursor began."""
         del self._states[1:]
 
-    def fork(self) -> TreeWalk:
+    def fork(self) -> TreeCursor:
         """An independent copy at the same position, history included (beams, n > 1)."""
         twin = type(self).__new__(type(self))
         twin.tree, twin._states, twin._allowed = self.tree, list(self._states), self._allowed
