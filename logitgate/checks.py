@@ -1,20 +1,27 @@
 """Checks for the plain values public functions take (ids, sizes, row numbers), shared so that every
 boundary says the same thing: a float, a bool or a tensor is not an integer, even when int() would
-quietly turn it into one (0.7 -> 0, True -> 1, 121.9 -> 121)."""
+quietly turn it into one (0.7 -> 0, True -> 1, 121.9 -> 121).
+
+An integer is a Python int, an int subclass (an IntEnum of special tokens: `isinstance` and
+`operator.index` call it an int) or a numpy integer (an id read from an array); never a bool,
+Python's or numpy's, although bool subclasses int. Callers keep `int(value)`."""
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
 
-__all__ = ["as_index", "as_positive_int", "as_token_id", "is_integer", "short_repr"]
+__all__ = ["as_index", "as_positive_int", "as_token_id", "is_integer", "is_integer_type", "short_repr"]
 
 
 def is_integer(value: Any) -> bool:
-    """A Python or numpy integer; not a bool, a float or a tensor."""
-    return (isinstance(value, int) and not isinstance(value, bool)) or (
-        isinstance(value, np.integer) and not isinstance(value, np.bool_)
-    )
+    """A Python int (int subclasses included) or a numpy integer; not a bool, a float or a tensor."""
+    return is_integer_type(type(value))
+
+
+def is_integer_type(kind: type) -> bool:
+    """Whether values of type `kind` are integers (is_integer): for checking a list's types at once."""
+    return issubclass(kind, (int, np.integer)) and not issubclass(kind, bool)  # np.bool_ is neither
 
 
 def as_positive_int(value: Any, name: str) -> int:

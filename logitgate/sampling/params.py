@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # One StructuredOutputsParams for the whole library: the structured-outputs manager consumes it.
-from ..checks import short_repr
+from ..checks import is_integer, short_repr
 from ..structured.params import StructuredOutputsParams
 
 __all__ = ["SAMPLING_EPS", "SamplingParams", "SamplingType", "StructuredOutputsParams"]
@@ -22,12 +22,12 @@ SAMPLING_EPS = 1e-5
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+# Integer fields: numpy integers pass their checks (checks.is_integer) and are kept as plain ints.
+_INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "max_thinking_tokens")
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return is_integer(value) or isinstance(value, float)
 
 
 class SamplingType(enum.IntEnum):
@@ -66,22 +66,22 @@ class SamplingParams:
     extra_args: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if not _is_int(self.n) or self.n < 1:
+        if not is_integer(self.n) or self.n < 1:
             raise ValueError(f"n must be an int >= 1, got {self.n!r}")
         if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not _is_int(self.top_k) or self.top_k < -1:
+        if not is_integer(self.top_k) or self.top_k < -1:
             raise ValueError(f"top_k must be an int: -1 or 0 (all tokens) or >= 1, got {self.top_k!r}")
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
-        if self.seed is not None and (not _is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX - (self.n - 1)):
+        if self.seed is not None and (not is_integer(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX - (self.n - 1)):
             # torch.Generator.manual_seed takes [-2**63, 2**64); request sample s uses seed + s.
             raise ValueError(f"seed must be an int in [{SEED_MIN}, {SEED_MAX - (self.n - 1)}] or None, got {short_repr(self.seed)}")
-        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+        if self.max_tokens is not None and (not is_integer(self.max_tokens) or self.max_tokens < 1):
             raise ValueError(f"max_tokens must be an int >= 1 or None, got {self.max_tokens!r}")
-        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+        if not is_integer(self.min_tokens) or self.min_tokens < 0:
             raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
@@ -90,16 +90,19 @@ class SamplingParams:
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if self.logit_bias is not None:
             self.logit_bias = _logit_bias_dict(self.logit_bias)
-        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
+        if self.logprobs is not None and (not is_integer(self.logprobs) or self.logprobs < 0):
             raise ValueError(f"logprobs must be an int >= 0 or None, got {self.logprobs!r}")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise ValueError(
                 f"structured_outputs must be a StructuredOutputsParams, got {type(self.structured_outputs).__name__}"
             )
-        if self.max_thinking_tokens is not None and (not _is_int(self.max_thinking_tokens) or self.max_thinking_tokens < 0):
+        if self.max_thinking_tokens is not None and (not is_integer(self.max_thinking_tokens) or self.max_thinking_tokens < 0):
             raise ValueError(f"max_thinking_tokens must be an int >= 0 or None, got {self.max_thinking_tokens!r}")
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise ValueError(f"extra_args must be a dict or None, got {type(self.extra_args).__name__}")
+        for name in _INT_FIELDS:
+            if getattr(self, name) is not None:
+                setattr(self, name, int(getattr(self, name)))
         if self.top_k == -1:
             self.top_k = 0
         if self.temperature < SAMPLING_EPS:
@@ -139,9 +142,9 @@ def _token_id_list(values: Iterable[int] | None, name: str) -> list[int]:
         raise ValueError(f"{name} must be a list of token ids, got {type(values).__name__}")
     out = list(values)
     for token in out:
-        if not _is_int(token) or token < 0:
+        if not is_integer(token) or token < 0:
             raise ValueError(f"{name} has {token!r}, not a token id (an int >= 0)")
-    return out
+    return [int(token) for token in out]
 
 
 def _logit_bias_dict(bias: dict) -> dict[int, float]:
@@ -151,9 +154,9 @@ def _logit_bias_dict(bias: dict) -> dict[int, float]:
     for key, value in bias.items():
         # JSON (the OpenAI API) gives the ids as strings.
         token = int(key) if isinstance(key, str) and key.strip().isdigit() else key
-        if not _is_int(token) or token < 0:
+        if not is_integer(token) or token < 0:
             raise ValueError(f"logit_bias has key {key!r}, not a token id (an int >= 0)")
         if not _is_number(value) or not math.isfinite(value):
             raise ValueError(f"logit_bias[{key!r}] must be a finite number, got {value!r}")
-        out[token] = float(value)
+        out[int(token)] = float(value)
     return out

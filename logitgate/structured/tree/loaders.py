@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ...checks import short_repr
+from ...checks import is_integer, is_integer_type, short_repr
 from ...json_text import is_json_text
 from .limits import TreeLimits
 
@@ -164,13 +164,9 @@ def quote_list(texts: Sequence[Any], limit: int = 5) -> str:
     return f"[{shown}{more}]"
 
 
-def _is_int(value: Any) -> bool:
-    return (type(value) is int) or isinstance(value, np.integer)
-
-
 def token_problem(value: Any, vocab_size: int | None) -> str | None:
     """Why `value` is not a token id, or None."""
-    if not _is_int(value):
+    if not is_integer(value):
         return "is not an integer token id"
     if value < 0:
         return "is negative"
@@ -194,7 +190,7 @@ def _key_part_problem(part: str, vocab_size: int | None) -> str | None:
 
 def check_vocab_size(vocab_size: int | None) -> None:
     # Token ids are int32: a larger vocabulary would only size bitmasks no tensor can hold.
-    if vocab_size is not None and (not _is_int(vocab_size) or not 0 < vocab_size <= INT32_MAX + 1):
+    if vocab_size is not None and (not is_integer(vocab_size) or not 0 < vocab_size <= INT32_MAX + 1):
         raise ValueError(f"vocab_size must be a positive integer up to 2**31 or None, got {short_repr(vocab_size)}")
 
 
@@ -325,7 +321,7 @@ def flatten_token_lists(lists: list, vocab_size: int | None) -> tuple[np.ndarray
     offsets = np.zeros(len(lists) + 1, np.int64)
     np.cumsum(lens, out=offsets[1:])
     types = set(map(type, chain.from_iterable(lists)))
-    if not all(t is int or issubclass(t, np.integer) for t in types):
+    if not all(map(is_integer_type, types)):
         return None
     try:
         flat = np.fromiter(chain.from_iterable(lists), np.int64, count=int(offsets[-1]))
