@@ -55,15 +55,6 @@ def test_tree_rows_are_required_and_kernel_rows_only_warn():
     assert {row.op for row in patches.PATCHES} == set(patches.OPS) | {FIX, ALWAYS}
 
 
-def test_the_table_imports_neither_torch_nor_vllm():
-    import subprocess
-
-    code = ("import sys; import logitgate.integrations.vllm.patches as p; assert len(p.PATCHES) > 30; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm', 'numba', 'numpy')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]", out.stderr
-
-
 # ---- every row against the installed vLLM's source ----
 
 
