@@ -48,7 +48,8 @@ def wait_healthy(server: subprocess.Popen, port: int | str, timeout_s: float = S
 def stop(server: subprocess.Popen, group: bool = False) -> None:
     """SIGTERM (to its process group when it was started in a session of its own), then SIGKILL."""
     def signal_it(sig):
-        os.killpg(server.pid, sig) if group else server.send_signal(sig)
+        with contextlib.suppress(ProcessLookupError):  # the server (and its group) may have exited already
+            os.killpg(server.pid, sig) if group else server.send_signal(sig)
 
     signal_it(signal.SIGTERM)
     try:

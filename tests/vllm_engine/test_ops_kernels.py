@@ -77,12 +77,14 @@ print("OK")
 
 
 def test_install_rejects_unknown_operation_and_device(monkeypatch):
+    before = dict(patching.installed(patches.PATCHES))  # an earlier engine here may have loaded the plugin
     with pytest.raises(ValueError, match="unknown vLLM operation.*nosuch"):
         plugin.install({"bitmask", "nosuch"})
     monkeypatch.setenv("LOGITGATE_VLLM_DEVICES", "cpu,tpu")
     with pytest.raises(ValueError, match="LOGITGATE_VLLM_DEVICES.*tpu"):
         plugin.install({"bitmask"})
-    assert patching.installed(patches.PATCHES) == {}
+    assert patching.installed(patches.PATCHES) == before  # a refused install replaces nothing
+    assert not set(patching.installed(patches.PATCHES)) & {row.name for row in patches.PATCHES if row.op == "bitmask"}
 
 
 # ---- grammar bitmask ----
