@@ -175,3 +175,27 @@ def test_race_keys_keep_minus_infinity_and_leave_greedy_rows():
     keys = redraw.race_keys(logits.clone(), [0.0, 0.7], torch.Generator().manual_seed(3))
     assert torch.equal(keys[0], logits[0])
     assert keys[1, 1] == float("-inf") and torch.isfinite(keys[1, [0, 2]]).all()
+
+
+class StoppedMatcher(AllowedSet):
+    """llguidance's matcher once its grammar is complete (vLLM's GuidanceGrammar): validate_tokens
+    refuses every token, the stop token included, while its mask allows the stop token alone."""
+
+    def validate_tokens(self, tokens):
+        self.checks += 1
+        return []
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("candidates", [1, 32])
+def test_the_mask_decides_where_validate_tokens_refuses_what_it_allows(temperature, candidates):
+    """The served benchmark's guidance rows drew the stop token at the end of their JSON, the stopped
+    matcher refused it, and the row ended as token 0 ("!"): the refused first token must stay in the
+    race that the filled mask settles."""
+    eos = 50
+    logits = torch.zeros(1, 64)
+    logits[0, eos] = 5.0  # the first draw (greedy: certainly) is the stop token
+    for _ in range(20):
+        grammar = StoppedMatcher({eos})
+        assert choose(logits, [grammar], [temperature], [eos], candidates) == [(eos, "filled")]
+        assert grammar.fills == 1

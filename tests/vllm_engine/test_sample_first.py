@@ -508,6 +508,26 @@ def test_a_mirror_follows_the_shipped_tokens_and_rows_end_as_the_masked_argmax(t
     assert deferred_steps > 0
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_complete_guidance_grammar_ends_on_its_stop_token(tokenizer, temperature):
+    """The served benchmark's guidance outputs ended in "!" (token 0): once its grammar is complete,
+    llguidance's matcher is stopped, validates no token (the stop token included) and masks all but
+    the stop token. A row whose first draw is the stop token must end on it."""
+    from tests.helpers.real_tokenizers import real_tokenizer
+
+    eos = real_tokenizer("llama3").eos_token_id
+    scheduler = Scheduler("guidance")
+    scheduler.add("r0", temperature=temperature, prefix="ab", regex="ab")
+    logits = torch.zeros(1, V)
+    logits[0, eos] = 30.0
+    runner = worker_for(scheduler, logits)
+    step(scheduler, runner)
+    wait_ready(scheduler, runner, "r0")
+    sent, output = step(scheduler, runner)
+    assert getattr(sent, "deferred", None), "the row was filled first: the stopped matcher was not exercised"
+    assert int(output.sampled_token_ids[0, 0]) == eos
+
+
 def test_a_mirror_that_cannot_compile_is_reported_and_its_rows_stay_filled(tokenizer, caplog):
     """Issue 30.1's variant: a grammar the worker cannot build (here: a backend the worker's manager
     does not know) is reported failed and the request's rows stay with the scheduler."""

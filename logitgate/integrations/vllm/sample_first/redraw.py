@@ -70,11 +70,16 @@ def choose_again(logits: torch.Tensor, grammars: list[Any], temperatures: list[f
     from ....structured.bitmask import token_ids_from_bitmask  # loaded after vLLM's worker started
 
     keys = race_keys(logits.float(), temperatures, generator)  # (vLLM-CPU's logits are float32 already: no copy)
-    keys[range(len(rejected)), rejected] = float("-inf")  # known to be refused: out of the race
+    rows = range(len(rejected))
+    first_keys = keys[rows, rejected].clone()
+    keys[rows, rejected] = float("-inf")  # refused by validate_tokens: out of the candidates
     top = keys.topk(min(CANDIDATES if candidates is None else candidates, keys.shape[1]), dim=1)
     chosen = [(_first_allowed(g, v, t), "redrawn") for g, v, t in zip(grammars, top.values.tolist(), top.indices.tolist())]
     missing = [i for i, (token, _) in enumerate(chosen) if token is None]
     if missing:
+        # The mask decides, not validate_tokens: a grammar may refuse a token there that its mask
+        # allows (llguidance's stopped matcher validates nothing, and its mask is the stop token).
+        keys[missing, [rejected[i] for i in missing]] = first_keys[missing]
         bitmask = fill_masks([grammars[i] for i in missing], width)
         for i, allowed in zip(missing, token_ids_from_bitmask(bitmask, keys.shape[1])):
             kept = keys[i, allowed]  # (`allowed` ascends: argmax's first maximum is the lowest id, as torch's)
