@@ -19,21 +19,51 @@ from logitgate.integrations.vllm.tree import route as tree_route  # noqa: E402
 VLLM_ROWS = [row for row in patches.PATCHES if row.optional_package is None]
 
 
-@pytest.mark.parametrize("row", VLLM_ROWS, ids=lambda row: f"{row.name}{'(write)' if row.is_write else ''}")
+@pytest.mark.parametrize("row", VLLM_ROWS, ids=lambda row: f"{row.name}{'' if row.replaces else f'({row.use})'}")
 def test_every_row_resolves_by_import(row):
     owner = patching.owner_of(row)  # front-end-only modules (beam search) imported here on purpose
     if row.is_write and not row.vllm_attr:
         assert isinstance(owner, type), row.name
-    elif row.is_write:
+    elif row.use in ("write", "read"):
         assert patching.has_attribute(owner, row.attr), row.name
+    elif row.use == "call":
+        assert callable(getattr(owner, row.attr)), row.name
+    elif row.use == "name":
+        assert isinstance(getattr(owner, row.attr), type) and getattr(owner, row.attr).__module__ == row.owner_path
     else:
         assert hasattr(owner, row.attr), row.name
+    if not row.replaces:
+        patching.check_present(row, owner)  # what install checks at start-up
+
+
+def test_the_private_reads_mean_what_logitgate_takes_them_for():
+    """Beyond existing: a request's compile in progress is the Future in `_grammar` while the public
+    `grammar` answers None (why the mirror reads `_grammar`), the manager sets its async flag in
+    its constructor, and the backends recognised by name are vLLM's backend classes."""
+    from concurrent.futures import Future
+
+    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.v1.structured_output import StructuredOutputManager
+    from vllm.v1.structured_output.backend_guidance import GuidanceBackend
+    from vllm.v1.structured_output.backend_types import StructuredOutputBackend
+    from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
+    from vllm.v1.structured_output.request import StructuredOutputRequest
+
+    from logitgate.integrations.vllm.sample_first.scheduler import BACKENDS
+
+    request = StructuredOutputRequest(params=StructuredOutputsParams(json={"type": "object"}))
+    compiling: Future = Future()
+    request.grammar = compiling
+    assert request._grammar is compiling and request.grammar is None
+    assert "_use_async_grammar_compilation" in StructuredOutputManager.__init__.__code__.co_names
+    assert {cls.__name__: name for cls, name in ((XgrammarBackend, "xgrammar"), (GuidanceBackend, "guidance"))} == BACKENDS
+    assert all(issubclass(cls, StructuredOutputBackend) for cls in (XgrammarBackend, GuidanceBackend))
 
 
 def _snapshot():
     out = {}
     for row in VLLM_ROWS:
-        if not row.is_write:
+        if row.replaces:
             owner = patching.owner_of(row)
             out[row.name] = (owner.__dict__.get(row.attr, "<inherited>"), getattr(owner, row.attr))
     return out
@@ -56,7 +86,7 @@ def pristine():
 def test_install_then_uninstall_restores_every_name_exactly(pristine):
     before = _snapshot()
     replaced = plugin.install(patches.OPS)  # the plugin's default: every operation
-    assert sorted(replaced) == sorted(row.name for row in VLLM_ROWS if not row.is_write)
+    assert sorted(replaced) == sorted(row.name for row in VLLM_ROWS if row.replaces)
     assert all(getattr(value, "__logitgate_original__", None) is not None
                for value in patching.installed(patches.PATCHES).values())
     assert plugin.install(patches.OPS) == replaced  # idempotent: the same names, nothing replaced twice
@@ -72,7 +102,7 @@ def test_without_tree_only_the_always_rows_of_the_tree_route_are_installed(prist
     original = StructuredOutputManager.grammar_init
     replaced = plugin.install(set())
     assert sorted(replaced) == sorted(row.name for row in patches.TREE_PATCHES
-                                      if row.op == patching.ALWAYS and not row.is_write)
+                                      if row.op == patching.ALWAYS and row.replaces)
     assert StructuredOutputManager.grammar_init is original and not tree_route.is_installed()
 
 

@@ -136,7 +136,7 @@ def sample(runner, grammars, temperatures):
 
 
 def report_of(output):
-    from logitgate.integrations.vllm.sample_first.scheduler import REPORT
+    from logitgate.integrations.vllm.sample_first.protocol import REPORT
 
     return getattr(output, REPORT)
 

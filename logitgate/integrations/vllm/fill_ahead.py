@@ -28,16 +28,16 @@ fill the forward pass did not hide.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from . import metrics
+from .fill_threads import cores
 from .patching import mark_replacement
 
-__all__ = ["cores", "fill_pool", "get_grammar_bitmask_replacement", "schedule_replacement"]
+__all__ = ["get_grammar_bitmask_replacement", "schedule_replacement"]
 
 logger = logging.getLogger("vllm.logitgate.fill_ahead")
 
@@ -46,27 +46,6 @@ _POOL = "_logitgate_fill_pool"
 _ENABLED = "_logitgate_fill_enabled"
 _MARK = "__logitgate_fill_ahead__"  # set on both replacements
 PARALLEL_FILL_BATCH = 8  # requests per task of the manager's parallel fill
-_fill_pool: ThreadPoolExecutor | None = None
-
-
-def cores() -> int:
-    """Threads for grammar-bitmask fills (xgrammar's and llguidance's fills release the GIL, so
-    fills of different requests run in parallel): the cores this process may use.
-    backends/cpu/threads.usable_cores says the same, but its package loads numba, and this module
-    is loaded at vLLM start-up."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def fill_pool() -> ThreadPoolExecutor:
-    """The process's pool for fills outside vLLM's manager (sample_first's worker, for rejected rows),
-    kept for the life of the process (the manager's own pool is vLLM's, shut down with it)."""
-    global _fill_pool
-    if _fill_pool is None:
-        _fill_pool = ThreadPoolExecutor(cores(), thread_name_prefix="logitgate-fill")
-    return _fill_pool
 
 
 def _original(function: Any) -> Any:

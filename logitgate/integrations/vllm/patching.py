@@ -1,17 +1,23 @@
 """How logitgate changes vLLM: install / uninstall the rows of a patch table (the table: patches.py).
 
 A row (`Patch`) names one vLLM attribute by its dotted owner (`module` or `module:Class`) and says
-why logitgate changes it, until when (the vLLM version or upstream change that retires it) and
+why logitgate uses it, until when (the vLLM version or upstream change that retires it) and
 whether start-up must stop without it (`required`) or may warn and leave vLLM's own in place.
-Two kinds of rows:
+Its `use` says how (as llama_cpp/private_reads.py's rows do):
 
-- a replacement (`replacement` is "module:factory" inside this package; `factory(original,
-  dotted_name)` returns what is put in vLLM's place, marked by `mark_replacement`): installed,
+- "replace": `replacement` is "module:factory" inside this package; `factory(original,
+  dotted_name)` returns what is put in vLLM's place, marked by `mark_replacement`: installed,
   counted (`routed_calls`) and reversible;
-- a write (`replacement` is None): an attribute logitgate writes on vLLM's objects at run time
-  (`writer` says where). Nothing is installed for it; `install` checks that the name still
-  exists on the pinned class (for vLLM's own attributes) so a vLLM upgrade that drops it is caught
-  at start-up as loudly as its `required` says, and the table tests check it against both pins.
+- "write": an attribute logitgate writes on vLLM's objects at run time (vLLM's own, or
+  logitgate's bookkeeping kept there: `vllm_attr=False`);
+- "read" / "call": a private member of vLLM's that logitgate reads or calls;
+- "name": a vLLM class that logitgate's code recognises by its name or module (the owner is the
+  module, `attr` the class).
+
+Nothing is installed for the last four (`used_by` says which logitgate code uses the name):
+`install` resolves each against the running vLLM (`check_present`), so a vLLM upgrade that renames
+or drops one is caught at start-up, naming the row, as loudly as its `required` says; the table
+tests check every row against both pinned vLLMs.
 
 `install(targets, selected)` takes the table as an argument (the table imports nothing from here
 but `Patch`, and this module imports no replacement body), resolves each row of a selected
@@ -32,13 +38,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ALWAYS", "FIX", "Patch", "PatchError", "has_attribute", "install", "installed", "mark_replacement",
-           "owner_of", "uninstall"]
+__all__ = ["ALWAYS", "FIX", "USES", "Patch", "PatchError", "check_present", "has_attribute", "install", "installed",
+           "mark_replacement", "owner_of", "uninstall"]
 
 logger = logging.getLogger("vllm.logitgate.patching")
 
 FIX = "fix"  # corrections of vLLM bugs that logitgate's guarantees depend on: installed with any kernel operation
 ALWAYS = "always"  # installed in every process the plugin loads in, whatever LOGITGATE_VLLM_OPS selects
+USES = ("replace", "write", "read", "call", "name")  # how a row uses its vLLM name (module docstring)
 
 
 class PatchError(RuntimeError):
@@ -55,11 +62,18 @@ class Patch:
     why: str
     until: str
     required: bool
-    replacement: str | None = None  # "module:factory" relative to this package; None for a write
-    writer: str = ""  # write rows: the logitgate function that writes it
+    replacement: str | None = None  # "module:factory" relative to this package; None for every other use
+    used_by: str = ""  # rows other than replacements: the logitgate code that writes, reads or calls it
     vllm_attr: bool = True  # write rows: vLLM's own attribute (False: logitgate's own, kept on vLLM's object)
     optional_package: str | None = None  # skip quietly when this package is not installed (vllm-ascend)
     only_if_loaded: bool = False  # skip quietly when the module is not imported (front-end-only classes)
+    use: str = ""  # one of USES; "" means "replace" with a replacement, "write" without
+
+    def __post_init__(self) -> None:
+        if not self.use:
+            object.__setattr__(self, "use", "write" if self.replacement is None else "replace")
+        if self.use not in USES or (self.use == "replace") != (self.replacement is not None):
+            raise ValueError(f"row {self.name}: use {self.use!r} with replacement {self.replacement!r}")
 
     @property
     def name(self) -> str:
@@ -70,8 +84,12 @@ class Patch:
         return self.owner_path.partition(":")[0]
 
     @property
+    def replaces(self) -> bool:
+        return self.use == "replace"
+
+    @property
     def is_write(self) -> bool:
-        return self.replacement is None
+        return self.use == "write"
 
 
 def mark_replacement(replacement: Callable, original: Callable, name: str) -> Callable:
@@ -127,6 +145,25 @@ def has_attribute(owner: Any, attr: str) -> bool:
     return _assigned_in_source(owner, attr) is not False
 
 
+def check_present(row: Patch, owner: Any) -> None:
+    """AttributeError naming what is missing where vLLM's `owner` no longer has what a row other
+    than a replacement uses: the attribute (a write of vLLM's own, a read), a callable (a call),
+    a class of that name (a name); for logitgate's own attributes, only the owner class."""
+    where = f"{row.owner_path} has no"
+    if row.use == "write" and not row.vllm_attr:
+        if not isinstance(owner, type):
+            raise AttributeError(f"{row.owner_path} is not a class")
+    elif row.use in ("write", "read"):
+        if not has_attribute(owner, row.attr):
+            raise AttributeError(f"{where} attribute {row.attr!r}")
+    elif row.use == "call":
+        if not callable(getattr(owner, row.attr, None)):
+            raise AttributeError(f"{where} callable {row.attr!r}")
+    elif row.use == "name":
+        if not isinstance(getattr(owner, row.attr, None), type):
+            raise AttributeError(f"{where} class {row.attr!r}")
+
+
 def _factory(row: Patch) -> Callable[[Any, str], Any]:
     module, _, function = row.replacement.partition(":")
     return getattr(importlib.import_module(module, __package__), function)
@@ -138,13 +175,18 @@ def _skipped(row: Patch) -> bool:
     return row.only_if_loaded and row.module_name not in sys.modules
 
 
+_VERBS = {"replace": "patch", "write": "write", "read": "read", "call": "call", "name": "recognise"}
+
+
 def _unresolved(row: Patch, exc: BaseException) -> None:
     """Abort start-up for a required row, warn for the others (vLLM's own stays in use)."""
     what = f"{row.name} ({type(exc).__name__}: {exc})"
     if row.required:
-        raise PatchError(f"logitgate cannot patch {what}, which it requires: {row.why} (until: {row.until})") from exc
-    if row.is_write:
-        logger.warning("logitgate: vLLM has no %s; the code that writes it (%s) falls back", what, row.writer)
+        verb = _VERBS[row.use]
+        raise PatchError(f"logitgate cannot {verb} {what}, which it requires: {row.why} (until: {row.until})") from exc
+    if not row.replaces:
+        logger.warning("logitgate: vLLM has no %s; the code that uses it (%s: %s) falls back", what, row.use,
+                       row.used_by)
     else:
         logger.warning("logitgate: cannot replace %s; vLLM's own stays in use", what)
 
@@ -153,8 +195,8 @@ _saved: dict[str, tuple[Any, str, bool, Any]] = {}  # dotted name -> (owner, att
 
 
 def install(targets: Iterable[Patch], selected: Iterable[str]) -> list[str]:
-    """Install the replacement rows of `targets` whose `op` is in `selected` and check its write
-    rows; returns the dotted names now routed to logitgate (already replaced ones included, so a
+    """Install the replacement rows of `targets` whose `op` is in `selected` and check its other
+    rows (`check_present`); returns the dotted names now routed to logitgate (already replaced ones included, so a
     second call changes nothing and returns the same list). A row vLLM lacks aborts start-up with
     PatchError when `required`, else is reported in a warning and left alone."""
     chosen = set(selected)
@@ -164,9 +206,8 @@ def install(targets: Iterable[Patch], selected: Iterable[str]) -> list[str]:
             continue
         try:
             owner = owner_of(row)
-            if row.is_write:
-                if row.vllm_attr and not has_attribute(owner, row.attr):
-                    raise AttributeError(f"{row.owner_path} has no attribute {row.attr!r}")
+            if not row.replaces:
+                check_present(row, owner)
                 continue
             current = getattr(owner, row.attr)
         except Exception as exc:  # noqa: BLE001 - another vLLM version, or vllm-ascend without its NPU stack
@@ -189,7 +230,7 @@ def installed(targets: Iterable[Patch]) -> dict[str, Any]:
     replacement row whose module is loaded."""
     found = {}
     for row in targets:
-        if row.is_write or row.module_name not in sys.modules:
+        if not row.replaces or row.module_name not in sys.modules:
             continue
         try:
             owner = owner_of(row)

@@ -36,7 +36,8 @@ are forced (xgrammar's fill is cheap there and a draw is likely rejected), for t
 per request, seeded from the server's), and where the measured fill is cheaper than the check and
 the expected redraws.
 
-How it runs (the package): scheduler.py leaves the chosen rows of `StructuredOutputManager.
+How it runs (the package; what crosses between the two sides, whatever process each runs in, is
+protocol.py): scheduler.py leaves the chosen rows of `StructuredOutputManager.
 grammar_bitmask` all-ones and names them on the bitmask object the engine hands to the worker
 (`DeferredRows`), each with what will check it there: the scheduler's own grammar where the runner
 samples in the scheduler's process (vLLM's in-process executor, layout.py); otherwise the output
@@ -60,74 +61,13 @@ error), and the request is never deferred again.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-import numpy as np
+from .protocol import DeferredRows, Entry, Outcome, Report
 
-__all__ = ["DeferredRows", "Outcome", "Report", "SAMPLING_EPS", "row_can_sample_first"]
+__all__ = ["DeferredRows", "Entry", "Outcome", "Report", "SAMPLING_EPS", "row_can_sample_first"]
 
 SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
-
-# request id -> (grammar, temperature, start, tokens): see DeferredRows
-Entry = tuple[Any, float, int, tuple[int, ...]]
-
-
-class DeferredRows(np.ndarray):
-    """The manager's bitmask with what travels to the worker beside it:
-
-    - `deferred`: request id -> (grammar, temperature, start, tokens) of the rows left all-ones.
-      `grammar` is the scheduler's own where the runner samples in its process; None across
-      processes, where the worker's mirror stands in for it, advanced first with `tokens`, the
-      request's output tokens from position `start` on.
-    - `mirror`: request id -> grammar backend name ("xgrammar", "guidance"): requests the worker
-      should start mirroring, in the scheduler's backend (their rows are filled meanwhile)."""
-
-    deferred: dict[str, Entry]
-    mirror: dict[str, str]
-
-    @classmethod
-    def wrap(cls, bitmask: np.ndarray, deferred: dict[str, Entry], mirror: dict[str, str] | None = None) -> "DeferredRows":
-        out = bitmask.view(cls)
-        out.deferred = deferred
-        out.mirror = mirror or {}
-        return out
-
-    def __array_finalize__(self, obj: Any) -> None:
-        # Slices and copies are plain bitmask rows: only the object the manager returned defers.
-        self.deferred = {}
-        self.mirror = {}
-
-    def __reduce_ex__(self, protocol: int) -> tuple:
-        # To the worker process with its rows: a grammar object in them fails to pickle, loudly.
-        return _rebuild, (np.asarray(self), self.deferred, self.mirror)
-
-
-def _rebuild(bitmask: np.ndarray, deferred: dict, mirror: dict | None = None) -> DeferredRows:
-    return DeferredRows.wrap(bitmask, deferred, mirror)
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """How one deferred row ended in the worker: `how` is "accepted" (the first draw), "redrawn"
-    (among the best keys), "filled" (the worker filled its mask) or "unchecked" (its mirror failed;
-    `why` says how); `seconds`: the worker's time on it beyond sampling."""
-
-    how: str
-    seconds: float = 0.0
-    why: str = ""
-
-
-@dataclasses.dataclass
-class Report:
-    """What the worker tells the scheduler with each sampled output (pickled with it across
-    processes): whether it keeps mirrors, the mirrors that became ready or failed since the last
-    report, and the outcome of every deferred row."""
-
-    mirrors: bool = False
-    ready: tuple[str, ...] = ()
-    failed: dict[str, str] = dataclasses.field(default_factory=dict)
-    outcomes: dict[str, Outcome] = dataclasses.field(default_factory=dict)
 
 
 def row_can_sample_first(params: Any) -> bool:

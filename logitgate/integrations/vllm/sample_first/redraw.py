@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..fill_ahead import cores, fill_pool
+from ..fill_threads import cores, fill_pool
 from . import SAMPLING_EPS
 
 __all__ = ["CANDIDATES", "choose_again", "fill_masks", "race_keys"]

@@ -13,16 +13,16 @@ import numpy as np
 
 from .. import metrics
 from ..patching import mark_replacement
-from . import DeferredRows, Entry, Report, row_can_sample_first
+from . import row_can_sample_first
 from .layout import runner_handles_deferred, runners, why_not_one_cpu_worker
 from .policy import Policy, RowState
+from .protocol import REPORT, DeferredRows, Entry, Report
 
-__all__ = ["REPORT", "grammar_bitmask_replacement", "update_from_output_replacement"]
+__all__ = ["grammar_bitmask_replacement", "update_from_output_replacement"]
 
 logger = logging.getLogger("vllm.logitgate.sample_first")
 
 LOCAL, MIRRORED = "local", "mirrored"  # where a deferred row is checked: the scheduler's grammar, the worker's mirror
-REPORT = "logitgate_sample_first"  # on a ModelRunnerOutput: the worker's Report
 _ENGINE_KEY = "_logitgate_sample_first"  # on the manager: its EngineState
 _ROW_KEY = "_logitgate_sample_first"  # on a request: its RowState
 # vLLM's grammar backends whose grammars the worker can mirror, by class: the name vLLM's manager takes.

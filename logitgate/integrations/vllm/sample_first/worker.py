@@ -5,7 +5,6 @@ back to the scheduler: each row's outcome and cost, and the mirrors that compile
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -15,16 +14,16 @@ import numpy as np
 import torch
 
 from ..patching import mark_replacement
-from . import Outcome, Report
 from .layout import one_cpu_worker, runner_handles_deferred, runners
 from .mirror import GrammarMirrors, MirrorError
+from .protocol import DEFERRED_KEY as _DEFERRED_KEY
+from .protocol import MIRRORS_KEY as _MIRROR_KEY
+from .protocol import REPORT, Outcome, Report
+from .protocol import sampler_stash as _stash
 from .redraw import choose_again, fill_masks
-from .scheduler import REPORT
 
 __all__ = ["sample_replacement", "sample_tokens_replacement", "sampler_sample_replacement"]
 
-_DEFERRED_KEY = "_logitgate_deferred_rows"  # on a runner: this step's deferred rows, from sample_tokens to _sample
-_MIRROR_KEY = "_logitgate_mirrors"  # on a runner: its GrammarMirrors, False where it cannot mirror
 _BUILTIN_PROCESSORS = "vllm.v1.sample.logits_processor.builtin"
 _skips_sample: "weakref.WeakSet[Any]" = weakref.WeakSet()  # runners whose sampler bypassed Sampler.sample
 
@@ -109,14 +108,6 @@ def _vouches(runner: Any) -> bool:
     """Whether this batch's deferred rows can sample first here: the runner's sampler keeps the
     processed logits for a redraw, and nothing the kept logits miss acts on random rows."""
     return runner not in _skips_sample and runner_handles_deferred(runner) and _random_rows_exact(runner.input_batch)
-
-
-class _Stash(threading.local):
-    rows: list[int] | None = None  # batch rows whose processed logits `Sampler.sample` keeps
-    logits: torch.Tensor | None = None
-
-
-_stash = _Stash()
 
 
 def sampler_sample_replacement(original: Callable, name: str) -> Callable:
