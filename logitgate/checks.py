@@ -7,9 +7,8 @@ An integer is a Python int, an int subclass (an IntEnum of special tokens: `isin
 Python's or numpy's, although bool subclasses int. Callers keep `int(value)`."""
 from __future__ import annotations
 
+import sys
 from typing import Any
-
-import numpy as np
 
 __all__ = ["as_index", "as_positive_int", "as_token_id", "is_integer", "is_integer_type", "short_repr"]
 
@@ -20,8 +19,15 @@ def is_integer(value: Any) -> bool:
 
 
 def is_integer_type(kind: type) -> bool:
-    """Whether values of type `kind` are integers (is_integer): for checking a list's types at once."""
-    return issubclass(kind, (int, np.integer)) and not issubclass(kind, bool)  # np.bool_ is neither
+    """Whether values of type `kind` are integers (is_integer): for checking a list's types at once.
+    numpy is not imported for it (import-light modules check integers too): where numpy is not
+    loaded, no value can be a numpy integer."""
+    if issubclass(kind, bool):
+        return False
+    if issubclass(kind, int):
+        return True
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and issubclass(kind, numpy.integer)  # np.bool_ is no np.integer
 
 
 def as_positive_int(value: Any, name: str) -> int:

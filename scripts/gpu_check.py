@@ -681,8 +681,7 @@ def bench_tree(backend, shapes, timer: Timer, repeats: int, progress) -> list[di
     # layout of the batch's exact widths; keep works on its own copy of the logits.
     tree_args, width = tree_kernel_args(tree, states)
     kept = logits.clone()
-    fill_args = (states, tree.allow_start, tree.allow_tok, tree._fill_width, tree._fill_max_width,
-                 tree._dense_rows, tree._dense_slot)
+    fill_args = (states, *tree.fill_layout())
     torch_bitmask = bitmask.clone()
     fns = {
         "fill_bitmask": lambda: tree.fill_bitmask(states, bitmask),

@@ -108,3 +108,36 @@ def test_the_layout_is_read():
     assert {"checks.py", "backends/", "backends/base.py", "backends/cuda.py", "backends/emulated.py",
             "structured/tree/", "integrations/vllm/", "models/", "data/"} <= set(by_path)
     assert "TreeDFA" in by_path["structured/tree/"]["text"] and "threads.py" in by_path["backends/cpu/"]["text"]
+
+
+EXTERNAL = ("vllm/", "vllm_ascend/", "xgrammar/", "llguidance/", "llama_cpp/", "transformers/", "torch/", "torch_npu/")
+
+
+def test_every_path_the_docs_name_exists():
+    """Not only the layout block: a module or folder any page names (`backends/reference/`,
+    `scripts/bench_vllm.py`) exists, at the root or inside logitgate/. Other projects' paths are not
+    checked."""
+    missing = []
+    pages = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
+    for page in pages:
+        for path in re.findall(r"`((?:[\w.-]+/)+[\w-]+\.py|(?:[\w.-]+/)+)`", page.read_text()):
+            if path.startswith(EXTERNAL) or path.startswith(("http", "/", "~", ".")) or "*" in path:
+                continue
+            if not ((ROOT / path).exists() or (PACKAGE / path).exists()):
+                missing.append(f"{page.name}: {path}")
+    assert not missing, "\n".join(missing)
+
+
+def test_no_module_outside_the_tree_package_reads_tree_dfa_privates():
+    """Other layers read TreeDFA through its face (docs/design.md, "Tree decode across the layers")."""
+    dfa = ast.parse((PACKAGE / "structured" / "tree" / "dfa.py").read_text())
+    private = {n.attr for n in ast.walk(dfa) if isinstance(n, ast.Attribute) and n.attr.startswith("_")
+               and isinstance(n.value, ast.Name) and n.value.id == "self" and not n.attr.startswith("__")}
+    found = []
+    files = [p for p in PACKAGE.rglob("*.py") if "structured/tree" not in p.as_posix()]
+    for path in files + sorted((ROOT / "scripts").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr in private
+                    and re.search(r"(^|\.|_)(tree|dfa)$", ast.unparse(node.value))):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "\n".join(found)

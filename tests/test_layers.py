@@ -17,7 +17,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "logitgate"
 LAYERS = (
-    ("checks", "envs", "json_text", "lazy"),  # the standard library and numpy only
+    ("checks", "envs", "json_text", "lazy"),  # the standard library only
     ("backends", "models"),
     ("structured",),
     ("sampling",),
@@ -30,7 +30,10 @@ LAYERS = (
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 
 IMPORT_LIGHT = (
+    "logitgate.checks",
     "logitgate.envs",
+    "logitgate.sampling",
+    "logitgate.sampling.params",
     "logitgate.structured.tree.limits",
     "logitgate.structured.params",
     "logitgate.integrations.vllm.patches",

@@ -28,6 +28,7 @@ import torch
 
 from ..backends import ENV_VAR, get_backend
 from ..backends.cpu import threads as cpu_threads
+from ..checks import is_integer
 from ..decode.generate import GenerationResult, Request, generate
 from ..models import demo_prompt, demo_tokenizer, load_catalog, load_demo_models, load_tree_config
 from ..sampling.params import SamplingParams
@@ -314,7 +315,7 @@ def json_output_problem(text: str) -> str | None:
     if not isinstance(zone, str) or not re.fullmatch(ZONE_PATTERN, zone):
         return f"zone {zone!r} is not a string matching {ZONE_PATTERN}"
     low, high = OFFSET_RANGE
-    if isinstance(offset, bool) or not isinstance(offset, int) or not low <= offset <= high:
+    if not is_integer(offset) or not low <= offset <= high:
         return f"utc_offset_hours {offset!r} is not an integer in [{low}, {high}]"
     return None
 

@@ -17,6 +17,8 @@ import math
 import random
 from typing import Any
 
+from ..checks import is_integer
+
 UNBOUNDED_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"},
@@ -129,7 +131,7 @@ def matches_schema(value: Any, schema: dict[str, Any]) -> bool:
     if kind == "string":
         return isinstance(value, str) and len(value) <= schema.get("maxLength", len(value))
     if kind == "integer":
-        return (isinstance(value, int) and not isinstance(value, bool)
+        return (is_integer(value)
                 and schema.get("minimum", value) <= value <= schema.get("maximum", value))
     return True
 

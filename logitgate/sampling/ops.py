@@ -21,6 +21,7 @@ import torch
 from ..backends import Backend, backend_for_tensor, get_backend
 from ..backends.base import NOISE_EXPONENTIAL, NOISE_PHILOX, NOISE_UNIFORM, SamplingNoise
 from ..backends.sampling_rules import undefined_logit_rows
+from ..checks import is_integer
 from .params import SAMPLING_EPS
 
 logger = logging.getLogger(__name__)
@@ -198,7 +199,7 @@ def as_generator_dict(generators: Generators, batch_size: int, device: torch.dev
         raise ValueError(f"generators must be a dict row -> torch.Generator or a list, got {type(generators).__name__}")
     out = {}
     for row, generator in items:
-        if not isinstance(row, int) or not 0 <= row < batch_size:
+        if not is_integer(row) or not 0 <= row < batch_size:
             raise ValueError(f"generators has row {row!r}, outside [0, {batch_size})")
         if not isinstance(generator, torch.Generator):
             raise ValueError(f"generators[{row}] must be a torch.Generator, got {type(generator).__name__}")

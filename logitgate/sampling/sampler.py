@@ -25,6 +25,7 @@ import torch
 from ..backends import Backend, backend_for_tensor, get_backend
 from ..backends.base import SamplingNoise
 from ..backends.transfer import to_device
+from ..checks import is_integer
 from . import ops
 from .params import SAMPLING_EPS, SamplingParams, SamplingType
 from .processors.state import LogitsProcessors
@@ -84,7 +85,7 @@ class SamplingMetadata:
             if not isinstance(p, SamplingParams):
                 raise ValueError(f"params[{i}] must be a SamplingParams, got {type(p).__name__}")
         for row, generator in (generators or {}).items():
-            if not isinstance(row, int) or not 0 <= row < len(params):
+            if not is_integer(row) or not 0 <= row < len(params):
                 raise ValueError(f"generators has row {row!r}, outside [0, {len(params)})")
             if not isinstance(generator, torch.Generator):
                 raise ValueError(f"generators[{row}] must be a torch.Generator, got {type(generator).__name__}")

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ..checks import is_integer
+
 __all__ = ["CONSTRAINT_KINDS", "StructuredOutputsParams"]
 
 _P = TypeVar("_P")
@@ -86,7 +88,7 @@ class StructuredOutputsParams:
         if self.end_token_id is not None:
             if kind != "token_trie":
                 raise ValueError(f"end_token_id applies to token_trie only, not to {kind}")
-            if not isinstance(self.end_token_id, int) or isinstance(self.end_token_id, bool) or self.end_token_id < 0:
+            if not is_integer(self.end_token_id) or self.end_token_id < 0:
                 raise ValueError(f"end_token_id must be a non-negative int, got {self.end_token_id!r}")
         if not isinstance(self.disable_any_whitespace, bool):
             raise ValueError(f"disable_any_whitespace must be a bool, got {self.disable_any_whitespace!r}")

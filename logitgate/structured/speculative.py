@@ -23,7 +23,7 @@ def _count(spec_token_counts: SpecCounts, request_id: str) -> int:
     if spec_token_counts is None:
         return 0
     value = spec_token_counts.get(request_id, 0)
-    count = value if isinstance(value, int) else len(value)
+    count = value if is_integer(value) else len(value)
     if count < 0:
         raise ValueError(f"request {request_id!r} has a negative draft count {count}")
     return count

@@ -16,6 +16,7 @@ import torch
 import xgrammar as xgr
 
 from .. import envs
+from ..checks import is_integer
 from .grammar import BaseGrammarBackend, Grammar, TokenHistory
 from .registry import register_grammar_backend
 
@@ -224,7 +225,7 @@ def resolve_cache_limit(cache_limit_bytes: int | None) -> int:
         if megabytes != -1 and megabytes <= 0:
             raise ValueError(f"{CACHE_LIMIT_ENV}={raw!r} must be a positive number of megabytes or -1 (unbounded)")
         return -1 if megabytes == -1 else megabytes * 1024 * 1024
-    if isinstance(cache_limit_bytes, bool) or not isinstance(cache_limit_bytes, int) or (
+    if not is_integer(cache_limit_bytes) or (
         cache_limit_bytes != -1 and cache_limit_bytes <= 0
     ):
         raise ValueError(f"cache_limit_bytes must be a positive int or -1 (unbounded), got {cache_limit_bytes!r}")

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ...backends.transfer import to_device
+from ...checks import is_integer
 from ...structured.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace, bitmask_from_token_ids
 from ...structured.grammar import Grammar, GrammarBackend
 from ...structured.manager import DEFAULT_KIND_BACKENDS
@@ -60,7 +61,7 @@ class _PromptTracker:
     generation) disables the detection."""
 
     def __init__(self, prompt_length: int | None) -> None:
-        if prompt_length is not None and (not isinstance(prompt_length, int) or prompt_length < 0):
+        if prompt_length is not None and (not is_integer(prompt_length) or prompt_length < 0):
             raise ValueError(f"prompt_length must be an int >= 0 or None, got {prompt_length!r}")
         self.fixed = prompt_length
         self.reset()
@@ -217,7 +218,7 @@ class GrammarLogitsProcessor(_HFLogitsProcessor):
             if tokenizer_info is None:
                 raise ValueError("vocab_size is needed when no tokenizer_info is given")
             vocab_size = int(tokenizer_info.vocab_size)
-        if not isinstance(vocab_size, int) or vocab_size <= 0:
+        if not is_integer(vocab_size) or vocab_size <= 0:
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
         self.params = params
         self.vocab_size = vocab_size
@@ -345,8 +346,8 @@ def tree_generation_kwargs(tree: TreeDFA, model: Any = None, *, eos_token_id: An
         eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     if eos_token_id is None:
         eos = []
-    elif isinstance(eos_token_id, int):
-        eos = [eos_token_id]
+    elif is_integer(eos_token_id):
+        eos = [int(eos_token_id)]
     else:
         eos = [int(t) for t in eos_token_id]
     from transformers import LogitsProcessorList

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ...checks import is_integer
 from ...decode.generate import GenerationStats, Request, generate
 from ...sampling.params import SamplingParams
 from ...structured.manager import StructuredOutputManager
@@ -54,16 +55,16 @@ def _eos_ids(target: Any, eos_token_id: int | Sequence[int] | None) -> list[int]
     value = eos_token_id if eos_token_id is not None else _config_value(target, "eos_token_id")
     if value is None:
         return []
-    ids = [value] if isinstance(value, int) else list(value)
+    ids = [value] if is_integer(value) else list(value)
     for t in ids:
-        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+        if not is_integer(t) or t < 0:
             raise ValueError(f"eos_token_id must be a token id or a list of them, got {value!r}")
-    return ids
+    return [int(t) for t in ids]
 
 
 def _vocab_size(model: Any, what: str) -> int:
     size = getattr(getattr(model, "config", None), "vocab_size", None)
-    if not isinstance(size, int) or size <= 0:
+    if not is_integer(size) or size <= 0:
         raise ValueError(f"the {what} model has no config.vocab_size")
     return size
 
@@ -94,7 +95,7 @@ def _prompts(
     if attention_mask is not None:
         raise ValueError("attention_mask applies to tensor inputs only")
     rows = list(inputs)
-    if rows and all(isinstance(t, int) for t in rows):
+    if rows and all(is_integer(t) for t in rows):
         rows = [rows]  # one prompt given as a flat list
     prompts = [[int(t) for t in row] for row in rows]
     width = max((len(p) for p in prompts), default=0)
@@ -202,7 +203,7 @@ def speculative_generate(
     """
     if tree is not None and structured_outputs is not None:
         raise ValueError("give tree or structured_outputs, not both")
-    if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
+    if not is_integer(num_return_sequences) or num_return_sequences < 1:
         raise ValueError(f"num_return_sequences must be an int >= 1, got {num_return_sequences!r}")
     if num_return_sequences > 1 and temperature == 0:
         raise ValueError("num_return_sequences > 1 needs sampling (temperature > 0): greedy sequences would be identical")

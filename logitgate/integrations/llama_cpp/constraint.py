@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ...checks import is_integer
 from ...structured.tree import TreeDFA
 from ...structured.tree.loaders import parse_token_trie
 from . import private_reads
@@ -66,7 +67,7 @@ def _check_marker(marker: Any, vocab_size: int) -> bytes | tuple[int, ...] | Non
         if not marker:
             raise ValueError("marker must not be empty")
         return marker.encode("utf-8")
-    if isinstance(marker, (list, tuple)) and marker and all(isinstance(t, int) and not isinstance(t, bool) for t in marker):
+    if isinstance(marker, (list, tuple)) and marker and all(is_integer(t) for t in marker):
         for t in marker:
             if not 0 <= t < vocab_size:
                 raise ValueError(f"marker token id {t} is outside the model's vocabulary [0, {vocab_size})")

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...checks import is_integer
 from .constraint import LlamaConstraint
 
 MAX_FORCED_TOKENS = 64  # per batch; the rest follows in the next one
@@ -72,7 +73,7 @@ def generate(
 
     if constraint.info.llm is not llm:
         raise ValueError("the constraint was compiled for another Llama instance; build it with constrain(llm, ...)")
-    if not isinstance(max_tokens, int) or max_tokens <= 0:
+    if not is_integer(max_tokens) or max_tokens <= 0:
         raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
     prompt_ids = llm.tokenize(prompt.encode("utf-8"), add_bos=add_bos, special=True) if isinstance(prompt, str) else list(prompt)
     if not prompt_ids:

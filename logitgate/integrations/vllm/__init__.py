@@ -16,8 +16,7 @@
 Names load on first use: vLLM imports this package at start-up, when numba must not be loaded."""
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ...lazy import lazy_exports
 
 _EXPORTS = {
     "FQCN": ".processors.tree_decode",
@@ -28,12 +27,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ...checks import is_integer
 from ..params import SamplingParams
 from .interface import BatchUpdate
 from .spec_layout import SpecDecodeLayout
@@ -38,7 +39,7 @@ class MultiSeq(TokenMaskProcessor):
     unless ignore_eos) allows only `eos_token_id` from then on."""
 
     def __init__(self, vocab_size: int, device: torch.device | str = "cpu", *, eos_token_id: int) -> None:
-        if not isinstance(eos_token_id, int) or not 0 <= eos_token_id < vocab_size:
+        if not is_integer(eos_token_id) or not 0 <= eos_token_id < vocab_size:
             raise ValueError(f"eos_token_id {eos_token_id!r} is outside the vocabulary [0, {vocab_size})")
         super().__init__(vocab_size, device)
         self.eos_token_id = eos_token_id

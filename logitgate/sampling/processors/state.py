@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 
 from ...backends.transfer import to_device
+from ...checks import is_integer
 from .interface import AddedRequest, BatchUpdate, LogitsProcessor, MoveDirectionality, MovedRequest
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ class BatchUpdateBuilder:
     def removed_append(self, index: int) -> None:
         if self._removed_sorted:
             raise RuntimeError("a removal was registered after this step's removals were read; remove requests first")
-        if not isinstance(index, int) or index < 0:
+        if not is_integer(index) or index < 0:
             raise ValueError(f"removed index must be an int >= 0, got {index!r}")
         self._removed.append(index)
         self.batch_changed = True
@@ -70,7 +71,7 @@ class BatchUpdateBuilder:
 
     def add(self, index: int, params: SamplingParams, prompt_ids: list[int] | None, output_ids: list[int]) -> None:
         """Register a request placed at `index`; `output_ids` is the list the engine will append to."""
-        if not isinstance(index, int) or index < 0:
+        if not is_integer(index) or index < 0:
             raise ValueError(f"added index must be an int >= 0, got {index!r}")
         if not isinstance(output_ids, list):
             raise ValueError(f"output_ids of the request added at {index} must be a list (appended to each step)")
@@ -79,7 +80,7 @@ class BatchUpdateBuilder:
 
     def move(self, a: int, b: int, directionality: MoveDirectionality = MoveDirectionality.UNIDIRECTIONAL) -> None:
         for name, index in (("a", a), ("b", b)):
-            if not isinstance(index, int) or index < 0:
+            if not is_integer(index) or index < 0:
                 raise ValueError(f"move index {name} must be an int >= 0, got {index!r}")
         if not isinstance(directionality, MoveDirectionality):
             raise ValueError(f"directionality must be a MoveDirectionality, got {directionality!r}")

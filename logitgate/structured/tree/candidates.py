@@ -37,7 +37,7 @@ from ... import envs
 from ...backends.base import CandidateRows
 from ...backends.formats import num_bitmask_words
 from ...backends.transfer import to_device
-from ...checks import short_repr
+from ...checks import is_integer, short_repr
 from .dfa import TreeDFA
 
 __all__ = [
@@ -193,7 +193,7 @@ def _check_rows(rows: Sequence[int] | np.ndarray | torch.Tensor, n: int) -> list
         raise ValueError(f"rows has {len(values)} entries for {n} states")
     seen: dict[int, int] = {}
     for i, row in enumerate(values):
-        if isinstance(row, (bool, np.bool_)) or not isinstance(row, (int, np.integer)):
+        if not is_integer(row):
             raise ValueError(f"rows[{i}] = {short_repr(row)} is not an integer row index")
         if not 0 <= row <= _MAX_ROW:
             raise ValueError(f"rows[{i}] = {short_repr(row)} is outside [0, {_MAX_ROW}]")

@@ -22,6 +22,7 @@ import torch
 
 from ...backends import Backend, get_backend
 from ...backends.formats import gather_csr_rows
+from ...checks import is_integer
 from ..compile_cache import LRUCache, content_hash
 from .graph import CODE_SHIFT, CompiledTree, TreeGraph, compile_graph, prefix_dict_graph, sequences_graph
 from .limits import TreeLimits, cache_bytes_from_env
@@ -343,7 +344,7 @@ class TreeDFA:
         return None if start is None else int(start)
 
     def _check_state(self, state: int) -> int:
-        if not isinstance(state, (int, np.integer)) or isinstance(state, bool) or not 0 <= state < self.num_states:
+        if not is_integer(state) or not 0 <= state < self.num_states:
             raise ValueError(f"state {state!r} is not a state of this tree (0 <= state < {self.num_states})")
         return int(state)
 
@@ -382,7 +383,7 @@ class TreeDFA:
         """The unique continuation from `state`: while exactly one token is allowed, that token, in
         order (the end token included, and last). A decode loop can append them without forward
         passes (jump-forward), or use them as drafts that are always accepted."""
-        if not isinstance(max_len, int) or max_len < 0:
+        if not is_integer(max_len) or max_len < 0:
             raise ValueError(f"max_len must be an int >= 0, got {max_len!r}")
         s = self._check_state(state)
         ptr, tok, out = self._host.allow_ptr, self._host.allow_tok, []
@@ -460,10 +461,14 @@ class TreeDFA:
             )
         if bitmask.device != self.device or not bitmask.is_contiguous():
             raise ValueError(f"bitmask must be contiguous on {self.device}")
-        self.backend.fill_tree_bitmask(
-            bitmask, states.long(), self._allow_start, self._allow_tok, self._fill_width,
-            self._fill_max_width, self._dense_rows, self._dense_slot,
-        )
+        self.backend.fill_tree_bitmask(bitmask, states.long(), *self.fill_layout())
+
+    def fill_layout(self) -> tuple:
+        """What `Backend.fill_tree_bitmask` takes after (bitmask, states): allow_start, allow_tok,
+        the fill widths (per state, their maximum) and the dense rows (or None). For the kernel
+        checks and benchmarks that call a backend's kernel or its reference directly."""
+        return (self._allow_start, self._allow_tok, self._fill_width, self._fill_max_width,
+                self._dense_rows, self._dense_slot)
 
     def candidates(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(token_ids int64 (B, max_width), valid bool (B, max_width)): each row's allowed tokens,

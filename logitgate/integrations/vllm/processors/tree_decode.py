@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ....checks import is_integer
 from ....sampling.processors.interface import BatchUpdate, MoveDirectionality
 from ....sampling.processors.interface import LogitsProcessor as _LogitgateLogitsProcessor
 from ....sampling.processors.tree import Tree
@@ -58,8 +59,8 @@ def admit_tree_args(sampling_params: Any) -> None:
 
 
 def _vocab_size(vllm_config: Any) -> int:
-    if isinstance(vllm_config, int) and not isinstance(vllm_config, bool):
-        return vllm_config
+    if is_integer(vllm_config):
+        return int(vllm_config)
     model_config = getattr(vllm_config, "model_config", None)
     if model_config is None:
         raise ValueError("vllm_config has no model_config: TreeDecodeLogitsProcessor needs the model's vocabulary size")
