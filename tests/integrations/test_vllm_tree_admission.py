@@ -11,6 +11,7 @@ from logitgate import TreeDFA
 from logitgate.integrations.vllm.tree.admission import admit
 from logitgate.integrations.vllm.tree.args import tree_request_for
 from logitgate.sampling import SamplingParams
+from logitgate.structured.tree import shape as tree_shape
 from logitgate.structured.tree.limits import TreeTooLarge
 
 V = 64
@@ -68,11 +69,10 @@ def test_the_operators_trees_are_limited_alike_and_parsed_once_per_content(monke
 
 
 def test_a_tree_sent_again_is_not_parsed_again(monkeypatch):
-    from logitgate.integrations.vllm.tree import admission as tree_admission
 
     text = json.dumps({**CONFIG, "prefix_dict": {**CONFIG["prefix_dict"], "40_11": [2]}})
     admit(request(tree_decode=text), V, None)
-    monkeypatch.setattr(tree_admission, "_shape", lambda *args: pytest.fail("parsed again"))
+    monkeypatch.setattr(tree_shape, "_shape", lambda *args: pytest.fail("parsed again"))
     assert admit(request(tree_decode=text), V, None).nodes == 1 + 3  # the root and the keys past it
 
 
@@ -159,7 +159,7 @@ def test_a_large_tree_is_parsed_in_the_admission_process(monkeypatch):
     with pytest.raises(ValueError) as inline:
         admit(request(token_trie=bad, end_token_id=3), V, None)
     tree_admission._admitted_cache().clear()
-    monkeypatch.setattr(tree_admission, "_shape", lambda *args: pytest.fail("parsed in the front end's process"))
+    monkeypatch.setattr(tree_shape, "_shape", lambda *args: pytest.fail("parsed in the front end's process"))
     assert admit(request(token_trie=text, end_token_id=3), V, None) == expected == (None, 3, 1 + 4000 * 6, 6)
     with pytest.raises(ValueError) as child:
         admit(request(token_trie=bad, end_token_id=3), V, None)
@@ -234,3 +234,30 @@ def test_admission_ahead_is_handed_to_process_inputs():
         m.setattr(tree_admission, "_admit", counting)
         asyncio.run(scenario())
     assert parsed_on == [False, False, True], parsed_on  # the two ahead on worker threads, the other text here
+
+
+def test_the_admission_and_its_process_share_the_parse_core_without_a_circle():
+    """The parse core (TreeShape, Job, parse_job) is structured/tree/shape.py's: the admission
+    process imports it and nothing of admission.py (at the top or in a function), so the child
+    unpickles shape.Job; admission.py uses the process one way only."""
+    import ast
+    from pathlib import Path
+
+    from logitgate.integrations.vllm.tree import admission as tree_admission
+    from logitgate.integrations.vllm.tree import admission_process as tree_admission_process
+
+    def imported(module) -> set[str]:
+        names = set()
+        for node in ast.walk(ast.parse(Path(module.__file__).read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names.add("." * node.level + (node.module or ""))
+                names.update("." * node.level + alias.name for alias in node.names if not node.module)
+            elif isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+        return names
+
+    process_imports = imported(tree_admission_process)
+    assert not {".admission", "logitgate.integrations.vllm.tree.admission"} & process_imports, process_imports
+    assert "....structured.tree.shape" in process_imports and "....structured.tree.shape" in imported(tree_admission)
+    assert tree_admission.Job is tree_admission_process.Job is tree_shape.Job
+    assert tree_admission.parse_job is tree_shape.parse_job and tree_admission.TreeShape is tree_shape.TreeShape

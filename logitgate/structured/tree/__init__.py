@@ -4,6 +4,8 @@
                        (standard library only: vLLM's plugin and front end import it at start-up)
     loaders.py         reading and validating the inputs (prefix dicts, token tries, sequences) and
                        counting them against the limits before a trie is built (numpy only)
+    shape.py           a tree's size and ends, checked without compiling (what vLLM's front end
+                       admits, in its process or in its admission process)
     graph.py           the trie and its compiled arrays (numpy); trie_kernels.py its numba kernels
     dfa.py             TreeDFA: the compiled, immutable, device-resident tree
     cursor.py          TreeCursor: one request's position in a tree, shared by every route

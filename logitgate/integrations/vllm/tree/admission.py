@@ -1,7 +1,7 @@
 """Admission of a tree request in vLLM's front end: is the tree well formed, made of the model's
 token ids and within the operator's size limits? The tree is parsed, never compiled: the front end
 keeps no compiled tree (the engine compiles it, once), and the cost is one linear, vectorised parse
-(structured/tree/loaders.py), bounded by the byte limit.
+(structured/tree/shape.py over structured/tree/loaders.py), bounded by the byte limit.
 
 The limits are the operator's tree limits (logitgate/structured/tree/limits.py: LOGITGATE_TREE_MAX_BYTES,
 _NODES, _DEPTH), the same that bound every tree the library builds; beyond one, TreeTooLarge (a
@@ -30,20 +30,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ....structured.tree.limits import TreeLimits
+from ....structured.tree.shape import Job, TreeShape, parse_job
+from .admission_process import parse_in_process
 
 __all__ = ["Admission", "Job", "TreeShape", "admission", "admit", "handed_over", "parse_job"]
 
 _ADMITTED_MAX = 256  # tree shapes remembered (a few ints each), so a tree sent again is not parsed again
 INLINE_MAX_BYTES = 1 << 16  # larger texts and files are parsed in the admission process (~5 ms here)
-
-
-class TreeShape(NamedTuple):
-    """What the front end knows of an admitted tree (no compiled data)."""
-
-    start_token_id: int | None  # a prefix dict's; None for a trie
-    end_token_id: int
-    nodes: int  # as the operator's limits count them (structured.tree.loaders.TreeSize)
-    depth: int
 
 
 def _admitted_cache() -> Any:
@@ -58,60 +51,9 @@ def _admitted_cache() -> Any:
 _ADMITTED = None
 
 
-def _shape(kind: str, obj: Any, request: Any, end: int | None, vocab_size: int, limits: TreeLimits) -> TreeShape:
-    import numpy as np
-
-    from ....structured.tree.loaders import (
-        parse_prefix_dict,
-        parse_sequences,
-        parse_token_trie,
-        prefix_dict_size,
-        sequences_size,
-    )
-
-    if kind == "tree_decode":
-        spec = parse_prefix_dict(obj, vocab_size)
-        size = prefix_dict_size(spec)  # as the compile counts it (TreeDFA.from_prefix_dict)
-        limits.check_size(size, "prefix dict")
-        return TreeShape(spec.start_token_id, spec.end_token_id, *size)
-    trie = parse_token_trie(obj, path=request.path, model_id=request.model_id)
-    lengths = np.fromiter((len(seq) if isinstance(seq, (list, tuple)) else 0 for seq in trie.sequences),
-                          np.int64, len(trie.sequences))
-    size = sequences_size(lengths)  # as the compile counts it (TreeDFA.from_token_trie)
-    # Checked before the tokens are flattened and checked one by one.
-    limits.check_size(size, "token trie")
-    parse_sequences(trie.sequences, end, vocab_size, trie.names,
-                    what=f"token trie payload (model {trie.model_id!r}, path {trie.path!r})")
-    return TreeShape(None, end, *size)
-
-
-class Job(NamedTuple):
-    """One tree to parse and check, as the admission process takes it (picklable)."""
-
-    kind: str  # "tree_decode" or "token_trie"
-    source: Any  # the JSON text (bytes), the operator's file (a Path) or a parsed dict / list
-    path: str | None  # a token trie's descriptor
-    model_id: str | None
-    end: int | None  # a token trie's end token
-    vocab_size: int
-    limits: TreeLimits
-
-
-def parse_job(job: Job) -> TreeShape:
-    """The shape of `job`'s tree, or ValueError naming the problem (the text beyond the byte limit,
-    malformed JSON, a bad token id, a tree beyond the node or depth limit)."""
-    from ....structured.tree.loaders import parse_json_bytes, read_json_source
-
-    what = "prefix dict config" if job.kind == "tree_decode" else "token trie payload"
-    obj, raw, where = read_json_source(job.source, what, job.limits)
-    return _shape(job.kind, obj if raw is None else parse_json_bytes(raw, where), job, job.end, job.vocab_size, job.limits)
-
-
 def _parse(job: Job, size: int) -> TreeShape:
     if size <= INLINE_MAX_BYTES:
         return parse_job(job)
-    from .admission_process import parse_in_process
-
     return parse_in_process(job)
 
 

@@ -10,7 +10,7 @@ never exist in the API server.
 
 `parse_in_process(job)` -> the admitted TreeShape, or ValueError naming the problem. One process
 per front-end process, started by the first large tree (`python -m` this module: logitgate's tree
-loaders, no vLLM), one parse at a time, ended when the front end closes its pipe (the front end
+loaders through structured/tree/shape.py, no vLLM), one parse at a time, ended when the front end closes its pipe (the front end
 exits or dies) and started again after it ends. Messages are pickles framed by their length.
 """
 from __future__ import annotations
@@ -25,6 +25,8 @@ import subprocess
 import sys
 import threading
 from typing import IO, Any
+
+from ....structured.tree.shape import Job, TreeShape, parse_job
 
 __all__ = ["parse_in_process"]
 
@@ -114,16 +116,14 @@ class _Process:
 _process = _Process()
 
 
-def parse_in_process(job: Any) -> Any:
-    """`admission.parse_job(job)`, run in the admission process; its ValueError is raised here
+def parse_in_process(job: Job) -> TreeShape:
+    """`parse_job(job)` (structured/tree/shape.py), run in the admission process; its ValueError is raised here
     with the same message. A process that ends mid-parse (killed, out of memory) fails this parse
     with a ValueError that says so; the next parse starts a new one."""
     return _process.parse(job)
 
 
 def _serve(requests: IO[bytes], replies: IO[bytes]) -> None:
-    from .admission import parse_job
-
     while True:
         try:
             job = _receive_job(requests)
