@@ -17,7 +17,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "logitgate"
 LAYERS = (
-    ("checks", "envs", "json_text", "lazy"),  # the standard library only
+    ("checks", "cores", "envs", "json_text", "lazy"),  # the standard library only
     ("backends", "models"),
     ("structured",),
     ("sampling",),
@@ -31,6 +31,7 @@ RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 
 IMPORT_LIGHT = (
     "logitgate.checks",
+    "logitgate.cores",
     "logitgate.envs",
     "logitgate.sampling",
     "logitgate.sampling.params",

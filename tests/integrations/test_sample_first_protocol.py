@@ -52,10 +52,13 @@ def test_each_side_imports_the_protocol_never_the_other_side(side, other):
 
 
 def test_the_worker_side_borrows_no_thread_pool_from_fill_ahead():
-    """The fill threads have one home (fill_threads.py), which both operations import."""
+    """The worker's fill threads have one home (fill_threads.py); both operations size their pools
+    by the one count of usable cores (logitgate/cores.py)."""
     assert "fill_ahead" not in _sibling_imports(PACKAGE / "redraw.py")
     assert "fill_threads" in _sibling_imports(PACKAGE / "redraw.py")
-    assert "fill_threads" in _sibling_imports(Path(fill_ahead.__file__))
+    for module in (PACKAGE / "redraw.py", Path(fill_ahead.__file__), PACKAGE.parent / "fill_threads.py"):
+        assert "from ....cores import usable_cores" in module.read_text() or \
+            "from ...cores import usable_cores" in module.read_text(), module
 
 
 def test_the_scan_sees_a_crossing_import(tmp_path):

@@ -15,15 +15,11 @@ import os
 from collections.abc import Iterator
 
 from ... import envs
+from ...cores import usable_cores
+
+__all__ = ["safe_thread_count", "set_thread_cap", "thread_cap", "usable_cores"]
 
 ENV_THREADS = "LOGITGATE_THREADS"
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def safe_thread_count(cores: int | None = None, load: float | None = None) -> int:

@@ -33,9 +33,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
+from ...cores import usable_cores
 from . import metrics
-from .fill_threads import cores
-from .patching import mark_replacement
+from .patching import mark_replacement, unwrapped
 
 __all__ = ["get_grammar_bitmask_replacement", "schedule_replacement"]
 
@@ -46,10 +46,6 @@ _POOL = "_logitgate_fill_pool"
 _ENABLED = "_logitgate_fill_enabled"
 _MARK = "__logitgate_fill_ahead__"  # set on both replacements
 PARALLEL_FILL_BATCH = 8  # requests per task of the manager's parallel fill
-
-
-def _original(function: Any) -> Any:
-    return getattr(function, "__logitgate_original__", function)
 
 
 def _fills_ahead(scheduler: Any) -> bool:
@@ -65,16 +61,16 @@ def _fills_ahead(scheduler: Any) -> bool:
         setattr(scheduler, _ENABLED, enabled)
         if enabled:
             _enable_parallel_fill(scheduler.structured_output_manager)
-            logger.info("logitgate: grammar bitmasks fill while the model runs, on %d threads", cores())
+            logger.info("logitgate: grammar bitmasks fill while the model runs, on %d threads", usable_cores())
     return enabled
 
 
 def _enable_parallel_fill(manager: Any) -> None:
-    if cores() < 2 or not hasattr(manager, "fill_bitmask_parallel_threshold"):
+    if usable_cores() < 2 or not hasattr(manager, "fill_bitmask_parallel_threshold"):
         return
     if getattr(manager, "executor_for_fillmask", None) is None:
         # A pool of its own: vLLM shuts it down with the manager.
-        manager.executor_for_fillmask = ThreadPoolExecutor(cores(), thread_name_prefix="logitgate-fill")
+        manager.executor_for_fillmask = ThreadPoolExecutor(usable_cores(), thread_name_prefix="logitgate-fill")
     manager.fill_bitmask_parallel_batch_size = PARALLEL_FILL_BATCH
     # vLLM shuts the pool down when the threshold is below max_num_seqs, which it now is.
     manager.fill_bitmask_parallel_threshold = 1
@@ -118,7 +114,7 @@ def schedule_replacement(original: Callable, name: str) -> Callable:
             if pool is None:
                 pool = ThreadPoolExecutor(1, thread_name_prefix="logitgate-fill-ahead")
                 setattr(self, _POOL, pool)
-            compute = _original(cls.get_grammar_bitmask)
+            compute = unwrapped(cls.get_grammar_bitmask)
             setattr(self, _PENDING, (output, pool.submit(_fill, compute, self, output)))
             schedule.routed_calls += 1
             metrics.add("fill_ahead_batches")

@@ -1,5 +1,5 @@
 """The threads grammar-bitmask fills run on, one home for every operation that fills: fill_ahead.py
-sizes vLLM's parallel fill by `cores()`; sample_first's worker fills a rejected row's mask on
+sizes vLLM's parallel fill by the usable cores (logitgate/cores.py); sample_first's worker fills a rejected row's mask on
 `fill_pool()` (sample_first/redraw.py). xgrammar's and llguidance's fills release the GIL, so fills
 of different requests run in parallel.
 
@@ -7,22 +7,13 @@ Imports nothing but the standard library: fill_ahead.py, which uses it, is loade
 """
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["cores", "fill_pool"]
+from ...cores import usable_cores
+
+__all__ = ["fill_pool"]
 
 _fill_pool: ThreadPoolExecutor | None = None
-
-
-def cores() -> int:
-    """Threads for grammar-bitmask fills: the cores this process may use.
-    backends/cpu/threads.usable_cores says the same, but its package loads numba, and this module
-    is loaded at vLLM start-up."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def fill_pool() -> ThreadPoolExecutor:
@@ -30,5 +21,5 @@ def fill_pool() -> ThreadPoolExecutor:
     kept for the life of the process (the manager's own pool is vLLM's, shut down with it)."""
     global _fill_pool
     if _fill_pool is None:
-        _fill_pool = ThreadPoolExecutor(cores(), thread_name_prefix="logitgate-fill")
+        _fill_pool = ThreadPoolExecutor(usable_cores(), thread_name_prefix="logitgate-fill")
     return _fill_pool

@@ -101,6 +101,18 @@ def mark_replacement(replacement: Callable, original: Callable, name: str) -> Ca
     return replacement
 
 
+def is_replacement(value: Any) -> bool:
+    """Whether `value` is one of logitgate's replacements (mark_replacement): the one way every
+    module asks, rather than reading the markers itself."""
+    return _original_of(value) is not None
+
+
+def unwrapped(value: Any) -> Any:
+    """The original a replacement stands in for; anything else is returned as it is."""
+    original = _original_of(value)
+    return value if original is None else original
+
+
 def _original_of(value: Any) -> Any:
     """The original a replacement stands in for, None for anything else. Read from the instance
     dict: vLLM's lazy module proxies import their module on any other attribute access."""

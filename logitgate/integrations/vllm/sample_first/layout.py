@@ -5,20 +5,18 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from ..patching import is_replacement
+
 __all__ = ["one_cpu_worker", "runner_handles_deferred", "runners", "why_not_one_cpu_worker"]
 
 runners: "weakref.WeakSet[Any]" = weakref.WeakSet()  # model runners that sampled in this process
-
-
-def _replaced(function: Any) -> bool:
-    return getattr(function, "__logitgate_name__", None) is not None
 
 
 def runner_handles_deferred(runner: Any) -> bool:
     """A runner whose class still carries both worker-side replacements and whose sampler keeps
     the processed logits: it will see, check and redraw deferred rows."""
     cls = type(runner)
-    return _replaced(cls.sample_tokens) and _replaced(cls._sample) and _replaced(getattr(type(getattr(runner, "sampler", None)), "sample", None))
+    return is_replacement(cls.sample_tokens) and is_replacement(cls._sample) and is_replacement(getattr(type(getattr(runner, "sampler", None)), "sample", None))
 
 
 def why_not_one_cpu_worker(config: Any) -> str | None:

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from ..fill_threads import cores, fill_pool
+from ....cores import usable_cores
+from ..fill_threads import fill_pool
 from . import SAMPLING_EPS
 
 __all__ = ["CANDIDATES", "choose_again", "fill_masks", "race_keys"]
@@ -26,7 +27,7 @@ def fill_masks(grammars: list[Any], width: int) -> torch.Tensor:
         for i in chunk:
             grammars[i].fill_bitmask(bitmask, i)
 
-    workers = min(cores(), len(grammars))
+    workers = min(usable_cores(), len(grammars))
     if workers > 1:  # xgrammar's and llguidance's fills release the GIL
         for done in [fill_pool().submit(fill, range(w, len(grammars), workers)) for w in range(workers)]:
             done.result()

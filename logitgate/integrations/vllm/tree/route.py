@@ -63,7 +63,7 @@ def is_installed() -> bool:
     applied twice)."""
     module = sys.modules.get("vllm.v1.structured_output.request")  # installing the rows imported it
     replaced = getattr(getattr(module, "StructuredOutputRequest", None), "from_sampling_params", None)
-    return getattr(replaced, "__logitgate_name__", None) is not None
+    return patching.is_replacement(replaced)
 
 
 def _has_tree_processor(model_config: Any) -> bool:
