@@ -29,14 +29,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ....json_text import is_json_text
 from ....structured.tree.limits import TreeLimits
 from ....structured.tree.shape import Job, TreeShape, parse_job
-from .admission_process import parse_in_process
+from .admission_process import INLINE_MAX_BYTES, measured_text, parse_in_process
 
 __all__ = ["Admission", "Job", "TreeShape", "admission", "admit", "handed_over", "parse_job"]
 
 _ADMITTED_MAX = 256  # tree shapes remembered (a few ints each), so a tree sent again is not parsed again
-INLINE_MAX_BYTES = 1 << 16  # larger texts and files are parsed in the admission process (~5 ms here)
 
 
 def _admitted_cache() -> Any:
@@ -54,7 +54,11 @@ _ADMITTED = None
 def _parse(job: Job, size: int) -> TreeShape:
     if size <= INLINE_MAX_BYTES:
         return parse_job(job)
-    return parse_in_process(job)
+    return parse_in_process(job, size if isinstance(job.source, str) else None)
+
+
+def _what(kind: str) -> str:
+    return "prefix dict config" if kind == "tree_decode" else "token trie payload"
 
 
 def _admit(request: Any, vocab_size: int, end: int | None, limits: TreeLimits) -> TreeShape:
@@ -68,10 +72,12 @@ def _admit(request: Any, vocab_size: int, end: int | None, limits: TreeLimits) -
         stat = Path(request.source).stat()
         key: Any = ("file", str(request.source), stat.st_mtime_ns, stat.st_size)
         size = stat.st_size
-    else:  # a client's text: bytes within the limit, known by its hash
-        _, raw, _ = read_json_source(request.source, "prefix dict config" if job.kind == "tree_decode"
-                                     else "token trie payload", limits)
-        job, key, size = job._replace(source=raw), ("text", content_hash(raw)), len(raw)
+    elif isinstance(request.source, str) and is_json_text(request.source):  # a client's text, known by its hash
+        size, digest = measured_text(request.source, _what(job.kind), limits)
+        key = ("text", digest)
+    else:  # bytes (an in-process caller's) or a path given as a str: within the limit, known by its hash
+        _, raw, _ = read_json_source(request.source, _what(job.kind), limits)
+        job, key, size = job._replace(source=raw), ("bytes", content_hash(raw)), len(raw)
     key = (*key, job.kind, *job[2:])  # what decides the outcome besides the text
     return _admitted_cache().get_or_create(key, lambda: _parse(job, size))
 
