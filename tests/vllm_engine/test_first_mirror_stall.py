@@ -31,6 +31,7 @@ def test_the_first_structured_request_does_not_stop_plain_streams(tmp_path):
         first = stream_stall(server.url, model, "Hello there", first_structured, max_tokens=100)
         status, answer = first["result"]
         assert status == 200 and re.fullmatch(r"\w{3,12}", answer["choices"][0]["text"]), answer
+        print("plain streams during the first structured request:", first)  # noqa: T201 - the numbers, with -s
         assert first["max_gap_s"] <= STALL_BOUND_S, first
         log = server.log_text()
     assert "could not mirror" not in log and "EngineDeadError" not in log

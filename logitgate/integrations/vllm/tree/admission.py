@@ -129,11 +129,36 @@ def admit(request: Any, vocab_size: int, eos_token_id: int | None, limits: TreeL
         raise ValueError(f"extra_args[{kind!r}]: {err}") from None
 
 
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MAPPED_MIN_BYTES = 4 << 20  # buffers this large are mapped, and unmapped when freed
+_mapped = False
+
+
+def _large_buffers_returned() -> None:
+    """Once per process (the API server, at its first tree): glibc maps every buffer of
+    MAPPED_MIN_BYTES or more, so it goes back to the system when freed. By default the threshold
+    grows with the buffers freed, up to 32 MB, and a 30 MB request body is then carved from a heap:
+    while tree requests wait for their admission, several bodies are alive at once, and what they
+    leave is heap the allocator keeps (the API server stayed +1.2 GB after 20 concurrent 30-40 MB
+    tries; issue 36, defect 5). Nothing happens where the C library is not glibc."""
+    global _mapped
+    if _mapped:
+        return
+    _mapped = True
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, MAPPED_MIN_BYTES)
+    except (OSError, AttributeError):
+        pass
+
+
 async def admission(request: Any, vocab_size: int, eos_token_id: int | None,
                     limits: TreeLimits | None = None) -> Admission | None:
     """`admit` on a worker thread (its parse, for a large tree, in the admission process), as an
     Admission for `handed_over`; None where `admit` would fail before parsing (no end token, a
     malformed limit variable): process_inputs then says why itself."""
+    _large_buffers_returned()
     try:
         end = request.end_token(vocab_size, eos_token_id)
         limits = limits or TreeLimits.from_env()
