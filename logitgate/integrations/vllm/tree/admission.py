@@ -145,11 +145,39 @@ def _large_buffers_returned() -> None:
     if _mapped:
         return
     _mapped = True
+    try:
+        _libc().mallopt(_M_MMAP_THRESHOLD, MAPPED_MIN_BYTES)
+    except (OSError, AttributeError):
+        pass
+
+
+def _libc() -> Any:
     import ctypes
 
+    return ctypes.CDLL(None)
+
+
+TRIM_AFTER_S = 1.0  # after the last large tree's admission
+_trim: asyncio.TimerHandle | None = None
+
+
+def _heaps_trimmed_later() -> None:
+    """After a large tree's admission (on the event loop): once no other large tree has been
+    admitted for TRIM_AFTER_S, glibc's malloc_trim(0) on a worker thread gives the heaps' free pages
+    back to the system. A large body arrives in many small pieces, which concurrent uploads
+    interleave on the heap; the pieces are free once the body is joined, but the pages they leave
+    between live objects stay with the process (+630 MB after 20 concurrent 35 MB tries)."""
+    global _trim
+    if _trim is not None:
+        _trim.cancel()
+    loop = asyncio.get_running_loop()
+    _trim = loop.call_later(TRIM_AFTER_S, lambda: loop.run_in_executor(None, _trimmed))
+
+
+def _trimmed() -> None:
     try:
-        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, MAPPED_MIN_BYTES)
-    except (OSError, AttributeError):
+        _libc().malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
         pass
 
 
@@ -168,4 +196,7 @@ async def admission(request: Any, vocab_size: int, eos_token_id: int | None,
         shape = await asyncio.to_thread(admit, request, vocab_size, eos_token_id, limits)
     except ValueError as err:
         return Admission(request, vocab_size, end, limits, None, err)
+    finally:
+        if isinstance(request.source, (str, bytes)) and len(request.source) > INLINE_MAX_BYTES:
+            _heaps_trimmed_later()
     return Admission(request, vocab_size, end, limits, shape, None)
