@@ -14,7 +14,7 @@ rounds, each on new text. Reported per case and round: the longest /health wait,
 and status. `--streams`: the same floor and valid requests again, each while plain streamed
 completions run back to back (admission_stall.stream_stall): the longest wait between two of their
 chunks. `--concurrent N`: N valid tries (new text each) sent at once: the seconds until all are
-answered and the API server's RSS before and after (2 s after). Which logitgate the server runs is
+answered and the API server's RSS before and 12 s after. Which logitgate the server runs is
 the one `python -m` imports from the current directory (a checkout's root: its own); the JSON
 names it.
 """
@@ -66,7 +66,7 @@ def child(megabytes: float, repeats: int, log: str | None, streams: bool = False
                                                            trie_body("valid", text, model, prompt), timeout=3600)[0], texts))
             seconds = time.perf_counter() - start
             del texts
-            time.sleep(2)
+            time.sleep(12)  # past the API server's last heap trim (10 s after its last large admission)
             result["concurrent"] = {"requests": concurrent, "seconds": round(seconds, 1), "statuses": statuses,
                                     "rss_before_mb": round(before), "rss_after_mb": round(api_server_rss_mb(server.proc.pid))}
     for case in STALL_CASES:

@@ -157,21 +157,22 @@ def _libc() -> Any:
     return ctypes.CDLL(None)
 
 
-TRIM_AFTER_S = 1.0  # after the last large tree's admission
-_trim: asyncio.TimerHandle | None = None
+# After the last large tree's admission; again once the requests behind it (the engine compiles
+# one large tree at a time) have most likely finished.
+TRIM_AFTER_S = (1.0, 10.0)
+_trims: list[asyncio.TimerHandle] = []
 
 
 def _heaps_trimmed_later() -> None:
     """After a large tree's admission (on the event loop): once no other large tree has been
-    admitted for TRIM_AFTER_S, glibc's malloc_trim(0) on a worker thread gives the heaps' free pages
-    back to the system. A large body arrives in many small pieces, which concurrent uploads
-    interleave on the heap; the pieces are free once the body is joined, but the pages they leave
-    between live objects stay with the process (+630 MB after 20 concurrent 35 MB tries)."""
-    global _trim
-    if _trim is not None:
-        _trim.cancel()
+    admitted for each of TRIM_AFTER_S, glibc's malloc_trim(0) on a worker thread gives the heaps'
+    free pages back to the system. A large body arrives in many small pieces, which concurrent
+    uploads interleave on the heap; the pieces are free once the body is joined, but the pages they
+    leave between live objects stay with the process (+630 MB after 20 concurrent 35 MB tries)."""
+    for trim in _trims:
+        trim.cancel()
     loop = asyncio.get_running_loop()
-    _trim = loop.call_later(TRIM_AFTER_S, lambda: loop.run_in_executor(None, _trimmed))
+    _trims[:] = [loop.call_later(delay, lambda: loop.run_in_executor(None, _trimmed)) for delay in TRIM_AFTER_S]
 
 
 def _trimmed() -> None:
