@@ -9,8 +9,9 @@ worker in processes of their own) on the embedded demo target, with the default 
 - 36.5: the API server keeps no memory of large trees (+1.2 GB after 20 tries before): glibc kept
   the freed 30 MB buffers (request bodies alive together while their trees wait for admission;
   the admission's whole-text encodes on asyncio's executor threads) in its heaps. Now buffers of
-  4 MB or more are mapped and unmapped (admission._large_buffers_returned) and a text is encoded
-  a slice at a time.
+  4 MB or more are mapped and unmapped (admission._large_buffers_returned), a text is encoded a
+  slice at a time, and the heaps are trimmed after the last large admission (measured: +349 / +428
+  MB with the sliced encode alone, +133 / +107 MB now).
 """
 from __future__ import annotations
 
@@ -61,8 +62,8 @@ def test_a_large_tree_compile_does_not_stop_plain_streams(server, demo):
 
 
 def test_large_trees_leave_no_memory_in_the_api_server(server, demo):
-    """Two rounds of 6 concurrent 30 MB tries (each new text): the API server's RSS afterwards
-    stays within 300 MB of before (before the fix: +1157 MB after one round)."""
+    """Two rounds of 6 concurrent 30 MB tries (each new text): the API server's RSS 12 s after each
+    stays within 300 MB of before (issue 36: +1157 MB after one round)."""
     before = api_server_rss_mb(server.proc.pid)
     rounds = []
     for round_ in range(2):
