@@ -66,7 +66,7 @@ def child(megabytes: float, repeats: int, log: str | None, streams: bool = False
                                                            trie_body("valid", text, model, prompt), timeout=3600)[0], texts))
             seconds = time.perf_counter() - start
             del texts
-            time.sleep(12)  # past the API server's last heap trim (10 s after its last large admission)
+            time.sleep(12)  # well past the API server's heap trim (1 s after its last large admission)
             result["concurrent"] = {"requests": concurrent, "seconds": round(seconds, 1), "statuses": statuses,
                                     "rss_before_mb": round(before), "rss_after_mb": round(api_server_rss_mb(server.proc.pid))}
     for case in STALL_CASES:

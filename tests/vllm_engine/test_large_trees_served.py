@@ -72,7 +72,7 @@ def test_large_trees_leave_no_memory_in_the_api_server(server, demo):
             statuses = [status for status, _ in pool.map(lambda text: send(server, demo, "valid", text), texts)]
         del texts
         assert statuses == [200] * 6, statuses
-        time.sleep(12)  # past the API server's last heap trim (admission.TRIM_AFTER_S)
+        time.sleep(12)  # well past the API server's heap trim (admission.TRIM_AFTER_S)
         rounds.append(round(api_server_rss_mb(server.proc.pid) - before))
     print("API server RSS before", round(before), "MB, after each round +", rounds)  # noqa: T201
     assert max(rounds) <= 300, (before, rounds)
