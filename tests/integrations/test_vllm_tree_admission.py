@@ -261,3 +261,28 @@ def test_the_admission_and_its_process_share_the_parse_core_without_a_circle():
     assert "....structured.tree.shape" in process_imports and "....structured.tree.shape" in imported(tree_admission)
     assert tree_admission.Job is tree_admission_process.Job is tree_shape.Job
     assert tree_admission.parse_job is tree_shape.parse_job and tree_admission.TreeShape is tree_shape.TreeShape
+
+
+def test_the_heaps_are_trimmed_once_after_the_last_large_admission(monkeypatch):
+    """Issue 36.5: large texts admitted one after another lead to one malloc_trim, TRIM_AFTER_S
+    after the last (on a worker thread); small ones to none."""
+    import asyncio
+    import threading
+
+    from logitgate.integrations.vllm.tree import admission as tree_admission
+
+    trims = []
+    monkeypatch.setattr(tree_admission, "TRIM_AFTER_S", (0.2,))
+    monkeypatch.setattr(tree_admission, "_trimmed", lambda: trims.append(threading.current_thread() is threading.main_thread()))
+
+    async def scenario():
+        await tree_admission.admission(request(tree_decode=json.dumps(CONFIG)), V, None)
+        await asyncio.sleep(0.4)
+        assert trims == []  # a small tree: nothing to give back
+        for leaves in (3000, 3001):
+            shape = await tree_admission.admission(request(token_trie=large_trie(leaves), end_token_id=3), V, None)
+            assert shape.error is None
+        await asyncio.sleep(0.6)
+
+    asyncio.run(scenario())
+    assert trims == [False]  # once, off the event loop's thread

@@ -16,7 +16,7 @@ import urllib.request
 
 from server_helpers import post
 
-__all__ = ["STALL_CASES", "health_stall", "trie_text"]
+__all__ = ["STALL_CASES", "api_server_rss_mb", "health_stall", "stream_stall", "trie_body", "trie_text"]
 
 LEAF_TOKENS = 24
 STALL_CASES = ("floor", "invalid", "valid")
@@ -34,7 +34,7 @@ def trie_text(megabytes: float, bad_last_token: bool = False, variant: int = 0) 
     return json.dumps({"modelId": "demo", "descriptors": [{"path": "p", "leaves": leaves}]})
 
 
-def _body(case: str, text: str, model: str, prompt: list[int]) -> dict:
+def trie_body(case: str, text: str, model: str, prompt: list[int]) -> dict:
     xargs = {"note": text} if case == "floor" else {"token_trie": text, "end_token_id": 257}
     return {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0, "vllm_xargs": xargs}
 
@@ -56,9 +56,58 @@ def health_stall(url: str, case: str, text: str, model: str, prompt: list[int]) 
     prober.start()
     time.sleep(0.2)  # a few answers before the request: the idle latency
     start = time.perf_counter()
-    status, answer = post(f"{url}/v1/completions", _body(case, text, model, prompt), timeout=600)
+    status, answer = post(f"{url}/v1/completions", trie_body(case, text, model, prompt), timeout=600)
     seconds = time.perf_counter() - start
     done.set()
     prober.join(130)
     return {"status": status, "seconds": round(seconds, 3), "max_health_s": round(max(waits), 3),
             "health_checks": len(waits), "error": str(answer.get("error", {}).get("message", answer))[:200]}
+
+
+def _stream(url: str, model: str, prompt: list[int] | str, arrivals: list[float], max_tokens: int) -> None:
+    """One plain streamed completion; the time each of its chunks arrives."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    request = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
+                                     {"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as reply:
+        for line in reply:
+            if line.startswith(b"data: {"):
+                arrivals.append(time.perf_counter())
+
+
+def stream_stall(url: str, model: str, prompt: list[int] | str, during, max_tokens: int = 100) -> dict:
+    """How long plain streams stop while `during()` runs: plain streamed completions, one after
+    another, from before `during` starts until after it ends; the longest wait between two chunks
+    (across streams) that overlaps `during`. {"during_s", "max_gap_s", "chunks", "result"}."""
+    arrivals: list[float] = []
+    done = threading.Event()
+
+    def streams() -> None:
+        while not done.is_set():
+            _stream(url, model, prompt, arrivals, max_tokens)
+
+    streamer = threading.Thread(target=streams, daemon=True)
+    streamer.start()
+    while len(arrivals) < 20:  # streaming before `during` starts
+        time.sleep(0.05)
+    start = time.perf_counter()
+    result = during()
+    end = time.perf_counter()
+    settle = len(arrivals)
+    while len(arrivals) < settle + 10:  # the first chunks after: a stall across the end is measured whole
+        time.sleep(0.05)
+    done.set()
+    streamer.join(600)
+    times = sorted(arrivals)
+    gaps = [b - a for a, b in zip(times, times[1:]) if b >= start and a <= end]
+    return {"during_s": round(end - start, 3), "max_gap_s": round(max(gaps), 3), "chunks": len(gaps), "result": result}
+
+
+def api_server_rss_mb(pid: int) -> float:
+    """The resident memory of the process `pid` (vLLM's API server), in MB."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")

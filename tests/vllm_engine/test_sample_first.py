@@ -541,6 +541,11 @@ def test_a_mirror_that_cannot_compile_is_reported_and_its_rows_stay_filled(token
     out.mirror["r0"] = "no-such-backend"  # as if the scheduler named a backend the worker cannot build
     with caplog.at_level("WARNING", logger="vllm.logitgate.sample_first"):
         scheduler.update(runner.sample_tokens(grammar_output(list(scheduler.requests), out)))
+        for _ in range(200):  # built on the worker's builder thread (issue 36.4): reported by a later step
+            if row_state(req).mirror == "failed":
+                break
+            time.sleep(0.02)
+            step(scheduler, runner)
     assert row_state(req).mirror == "failed"
     assert any("could not mirror the grammar of request r0" in r.getMessage() for r in caplog.records)
     for _ in range(3):

@@ -92,7 +92,7 @@ def _options(vocab_size, dense_min_width, dense_budget_bytes, device, limits: Tr
 
 class TreeDFA:
     """A compiled token tree. Build one with `from_prefix_dict`, `from_token_trie`,
-    `from_sequences` or `from_strings` (compiled trees are cached by content, within a byte bound).
+    `from_sequences`, `from_strings` or `from_parsed` (compiled trees are cached by content, within a byte bound).
 
     Every constructor takes `limits=` (a TreeLimits; default `TreeLimits.from_env()`, i.e.
     LOGITGATE_TREE_MAX_BYTES / _NODES / _DEPTH): a larger tree raises TreeTooLarge (a ValueError)
@@ -167,28 +167,56 @@ class TreeDFA:
         opts = _options(vocab_size, dense_min_width, dense_budget_bytes, device, limits)
         check_vocab_size(vocab_size)
         obj, raw, where = read_json_source(config, "prefix dict config", opts.limits)
-
-        def build(spec: PrefixDictSpec) -> TreeDFA:
-            opts.limits.check_size(prefix_dict_size(spec), "prefix dict")  # before the trie is built
-            graph = prefix_dict_graph(spec)
-            if graph.info["unreachable_keys"]:
-                logger.warning(
-                    "prefix dict: %d of %d keys can never be reached (other start token, a missing "
-                    "intermediate key, or a token after the end token), e.g. %s",
-                    graph.info["unreachable_keys"], graph.info["keys"],
-                    graph.info["unreachable_examples"],  # quoted short by prefix_dict_graph (quote_key)
-                )
-            compiled = opts.compile(graph, spec.end_token_id)
-            compiled.info.update(start_token_id=spec.start_token_id, sep=spec.sep)
-            return cls(compiled, kind="prefix_dict", backend=opts.backend, vocab_size=vocab_size)
-
         if raw is not None:  # hash the text first: a cache hit skips parsing too
             key = ("prefix_dict", content_hash(raw), opts.key())
-            return cls._cached(key, lambda: build(parse_prefix_dict(parse_json_bytes(raw, where), vocab_size)), cache)
-        spec = parse_prefix_dict(obj, vocab_size)
+            return cls._cached(key, lambda: cls._build_prefix_dict(parse_prefix_dict(parse_json_bytes(raw, where), vocab_size), opts), cache)
+        return cls._from_prefix_spec(parse_prefix_dict(obj, vocab_size), opts, cache)
+
+    @classmethod
+    def _from_prefix_spec(cls, spec: PrefixDictSpec, opts: _Options, cache: bool) -> TreeDFA:
         arrays = (spec.part_ids, spec.part_offsets, spec.cand_ids, spec.cand_offsets)
         key = ("prefix_dict", content_hash(spec.start_token_id, spec.end_token_id, spec.sep, *arrays), opts.key())
-        return cls._cached(key, lambda: build(spec), cache)
+        return cls._cached(key, lambda: cls._build_prefix_dict(spec, opts), cache)
+
+    @classmethod
+    def _build_prefix_dict(cls, spec: PrefixDictSpec, opts: _Options) -> TreeDFA:
+        opts.limits.check_size(prefix_dict_size(spec), "prefix dict")  # before the trie is built
+        graph = prefix_dict_graph(spec)
+        if graph.info["unreachable_keys"]:
+            logger.warning(
+                "prefix dict: %d of %d keys can never be reached (other start token, a missing "
+                "intermediate key, or a token after the end token), e.g. %s",
+                graph.info["unreachable_keys"], graph.info["keys"],
+                graph.info["unreachable_examples"],  # quoted short by prefix_dict_graph (quote_key)
+            )
+        compiled = opts.compile(graph, spec.end_token_id)
+        compiled.info.update(start_token_id=spec.start_token_id, sep=spec.sep)
+        return cls(compiled, kind="prefix_dict", backend=opts.backend, vocab_size=opts.vocab_size)
+
+    @classmethod
+    def from_parsed(
+        cls,
+        spec: PrefixDictSpec | SequenceSpec,
+        *,
+        end_token_id: int | None = None,
+        vocab_size: int | None = None,
+        device: str | torch.device | Backend | None = None,
+        dense_min_width: int = DEFAULT_DENSE_MIN_WIDTH,
+        dense_budget_bytes: int = DEFAULT_DENSE_BUDGET_BYTES,
+        cache: bool = True,
+        limits: TreeLimits | None = None,
+    ) -> TreeDFA:
+        """A tree the loaders have already parsed and checked for `vocab_size` (structured/tree/shape.py's
+        `parse_arrays`, run in another process): a PrefixDictSpec, or a token trie's SequenceSpec with
+        `end_token_id`. Built and cached as `from_prefix_dict` / `from_token_trie` build the same
+        tree; the JSON parse, which holds Python's GIL, happened elsewhere."""
+        opts = _options(vocab_size, dense_min_width, dense_budget_bytes, device, limits)
+        check_vocab_size(vocab_size)
+        if isinstance(spec, PrefixDictSpec):
+            return cls._from_prefix_spec(spec, opts, cache)
+        if not isinstance(spec, SequenceSpec) or end_token_id is None:
+            raise ValueError("from_parsed takes a PrefixDictSpec, or a SequenceSpec with end_token_id")
+        return cls._from_spec(spec, "token_trie", end_token_id, opts, cache)
 
     @classmethod
     def from_sequences(

@@ -20,6 +20,7 @@ from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
 from vllm.v1.structured_output.request import StructuredOutputRequest
 
 from ....structured.tree.grammar_backend import TreeGrammar
+from .compile import compile_tree
 
 __all__ = ["TreeOutputGrammar", "TreeOutputRequest", "compile_tree_grammar"]
 
@@ -61,9 +62,9 @@ class TreeOutputGrammar(StructuredOutputGrammar):
 
 
 def compile_tree_grammar(tree_request: Any, vocab_size: int, eos_token_id: int | None) -> TreeOutputGrammar:
-    """Compile (through TreeDFA's process-wide cache) on the host, where vLLM keeps its bitmask."""
-    tree = tree_request.compile(vocab_size, device="cpu", eos_token_id=eos_token_id)
-    return TreeOutputGrammar(TreeGrammar(tree))
+    """Compile (through TreeDFA's process-wide cache) on the host, where vLLM keeps its bitmask; a
+    large tree parsed in the admission process (compile.py)."""
+    return TreeOutputGrammar(TreeGrammar(compile_tree(tree_request, vocab_size, eos_token_id)))
 
 
 class TreeOutputRequest(StructuredOutputRequest):
