@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ...structured.bitmask import apply_token_bitmask_inplace, bitmask_from_token_ids
+from ...structured.forced import ForcedTokens
 from ...structured.tree import TreeDFA
 from ...structured.tree.candidates import keep_only_allowed
 
@@ -56,6 +57,10 @@ class TreeTracker:
 
     def forced_tokens(self, max_len: int) -> list[int]:
         return self.tree.forced_tokens(self.state, max_len)
+
+    def forced(self, max_len: int, encode: Any = None) -> ForcedTokens:
+        """forced_tokens, all mask-forced (a tree fixes tokens, not strings: `encode` is unused)."""
+        return ForcedTokens.all_mask_forced(self.forced_tokens(max_len))
 
     def is_finished(self) -> bool:
         return self.tree.is_finished(self.state)
@@ -126,6 +131,15 @@ class GrammarTracker:
             self.tokens.append(token)
             out.append(token)
         return out
+
+    def forced(self, max_len: int, encode: Any = None) -> ForcedTokens:
+        """forced_tokens (mask-forced, accepted here), then what the grammar's fixed string adds
+        as drafts (structured/forced.py; tokenized with `encode`, verified by the caller)."""
+        mask = self.forced_tokens(max_len)
+        if self._rejected or max_len <= len(mask):
+            return ForcedTokens.all_mask_forced(mask)
+        more = self.grammar.forced(max_len - len(mask), encode)
+        return ForcedTokens(mask + more.tokens, len(mask) + more.num_mask_forced)
 
     def is_finished(self) -> bool:
         return self.grammar.is_terminated()
