@@ -53,9 +53,11 @@ PRIVATE_READS: tuple[PrivateRead, ...] = (
     PrivateRead(LLM, "_ctx", "read",
                 "the LlamaContext LlamaSampler.sample takes (the public Llama.ctx is the bare pointer)",
                 f"as _init_sampler; {_BUMP}"),
-    PrivateRead(LLM, "_logits_all", "read",
+    PrivateRead(LLM, "_logits_all", "write",
                 "skip-ahead drafts a grammar's forced strings only when llama.cpp keeps the logits of every "
-                "position of a batch (Llama(logits_all=True)): each draft's position is sampled from its row",
+                "position of a batch (Llama(logits_all=True)): each draft's position is sampled from its row; "
+                "cleared for batches without drafts (the prompt among them), which need their last row only, "
+                "and set again when the generation ends",
                 f"a public flag or per-token logits request in llama-cpp-python; {_BUMP}"),
     PrivateRead(LLM, "n_tokens", "write",
                 "skip-ahead keeps the KV cache of the prompt prefix shared with the last evaluation, and cuts it "

@@ -79,7 +79,6 @@ def generate(
 ) -> SkipAheadResult:
     """Generate from `prompt` (text, or token ids used as given) under `constraint`. The sampler
     chain is llama-cpp-python's (`temperature` 0: greedy) with the constraint's processor first."""
-    from llama_cpp import LogitsProcessorList
 
     if constraint.info.llm is not llm:
         raise ValueError("the constraint was compiled for another Llama instance; build it with constrain(llm, ...)")
@@ -93,18 +92,30 @@ def generate(
     if getattr(llm, "draft_model", None) is not None:
         raise ValueError("skip-ahead generate() does not use draft models; use llm.create_completion for drafts")
     processor = constraint.logits_processor()
+    sampler_args = dict(top_k=top_k, top_p=top_p, min_p=min_p, temp=temperature)
+    # String-forced drafts need the logits of every position of a batch (Llama(logits_all=True));
+    # the flag is cleared while nothing is drafted (the prompt, batches without drafts), so those
+    # batches compute their last row only, as without it.
+    drafting = skip_ahead and bool(getattr(llm, "_logits_all", False))
+    try:
+        if drafting:
+            llm._logits_all = False
+        return _generate(llm, prompt_ids, constraint, processor, sampler_args, max_tokens, seed, skip_ahead, drafting)
+    finally:
+        if drafting:
+            llm._logits_all = True
+
+
+def _generate(llm, prompt_ids, constraint, processor, sampler_args, max_tokens, seed, skip_ahead, drafting) -> SkipAheadResult:
+    from llama_cpp import LogitsProcessorList
+
     stops = set(constraint.info.stop_token_ids)
     if seed is not None:
         llm.set_seed(seed)
     start = time.perf_counter()
     evaluated = _reuse_prompt_cache(llm, prompt_ids)
     processor.begin(prompt_ids)
-    sampler = llm._init_sampler(
-        top_k=top_k, top_p=top_p, min_p=min_p, temp=temperature, repeat_penalty=1.0,
-        logits_processor=LogitsProcessorList([processor]),
-    )
-    # String-forced drafts need the logits of every position of a batch.
-    drafting = skip_ahead and bool(getattr(llm, "_logits_all", False))
+    sampler = llm._init_sampler(**sampler_args, repeat_penalty=1.0, logits_processor=LogitsProcessorList([processor]))
     out: list[int] = []
     passes = forced_total = proposed = accepted = 0
     finish = "length"
@@ -132,6 +143,8 @@ def generate(
             break
         drafts = forced.string_forced[: max_tokens - len(out)] if drafting else []
         base = llm.n_tokens + 1 + len(mask_forced)  # tokens before the first draft's position
+        if drafting:
+            llm._logits_all = bool(drafts)
         llm.eval([token, *mask_forced, *drafts])
         passes += 1
         processor.expect_drafts(base, len(drafts))  # the next calls sample rows base - 1, base, ...
