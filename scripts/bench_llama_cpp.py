@@ -248,6 +248,61 @@ class Setting:
         }
 
 
+class JsonWriterSetting:
+    """The json_writer model (logitgate/models/json_writer.py, written as GGUF by
+    tiny_gguf.hf_llama_gguf): a model that writes the served benchmark's JSON records. One schema
+    (json_records.SCHEMAS) per case; logitgate constrains with the compact grammar vLLM's xgrammar
+    backend uses without free whitespace, llama.cpp with `LlamaGrammar.from_json_schema`."""
+
+    def __init__(self, llama_cpp, label, threads, batch, schema, prompts):
+        import xgrammar as xgr
+
+        from logitgate.integrations.llama_cpp import constrain
+        from logitgate.models.json_writer import json_writer_model
+        from logitgate.models.tiny_gguf import hf_llama_gguf
+
+        path = hf_llama_gguf(json_writer_model())
+        self.label, self.prompts = label, prompts
+        options = dict(model_path=str(path), n_ctx=256, n_batch=256, n_threads=threads, n_threads_batch=batch,
+                       seed=0, verbose=False)
+        self.llm = llama_cpp.Llama(**options)
+        self.drafting_llm = llama_cpp.Llama(**options, logits_all=True)
+        self.counter = DecodeCounter(self.llm)
+        compact = str(xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=(",", ":")))
+        self.json = constrain(self.llm, grammar=compact)
+        self.json_drafting = constrain(self.drafting_llm, grammar=compact)
+        self.gbnf_json = llama_cpp.LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+
+    json_methods = Setting.json_methods
+
+
+def json_writer_main(args, llama_cpp, settings_args, command, load_start) -> dict:
+    """--model json_writer: the JSON case on the json_writer model, per schema."""
+    from logitgate.cli.bench_harness import Progress, emit
+    from logitgate.models.json_records import SCHEMAS
+    from logitgate.models.json_writer import json_writer_model
+    from logitgate.models.json_writer_check import load
+    from logitgate.models.random_prompts import random_prompts
+
+    _, tok = load(json_writer_model())
+    prompts = random_prompts(tok, 2 if args.quick else len(PROMPTS), seed=0)
+    rounds = 2 if args.quick else args.rounds
+    progress = Progress(len(SCHEMAS) * (rounds + 1), "llama_cpp json_writer")
+    rows = []
+    for name, schema in SCHEMAS.items():
+        settings = [JsonWriterSetting(llama_cpp, *s, schema, prompts) for s in settings_args]
+        rows += run_case(f"json_writer {name}", [(s.label, s.llm, s.json, s.json_methods()) for s in settings],
+                         prompts, rounds, progress, 48)
+    for row in rows:
+        row["items"] = 0
+    result = {"benchmark": "llama_cpp", "command": command, "llama_cpp_python": llama_cpp.__version__,
+              "model": "json_writer", "cpu_count": os.cpu_count(),
+              "load_average": {"start": list(load_start), "end": list(os.getloadavg())}, "rows": rows}
+    emit(result, args.out)
+    print_table(result)
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="2 prompts, 2 rounds")
@@ -258,6 +313,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", nargs="+", type=thread_setting, default=["default", "1"],
                         help="thread settings, each its own Llama: 'default' (llama-cpp-python's n_threads and "
                              "n_threads_batch), N (both N) or N/M (n_threads/n_threads_batch); default: default 1")
+    parser.add_argument("--model", choices=("tiny", "json_writer"), default="tiny",
+                        help="tiny: a random Llama (catalog and JSON cases); json_writer: the trained JSON model "
+                             "(the JSON case per served-benchmark schema)")
     parser.add_argument("--out")
     parser.add_argument("--plot")
     args = parser.parse_args(argv)
@@ -273,6 +331,8 @@ def main(argv: list[str] | None = None) -> dict:
         result = {"benchmark": "llama_cpp", "skipped": f"llama-cpp-python is not installed: {exc}", "rows": []}
         emit(result, args.out)
         return result
+    if args.model == "json_writer":
+        return json_writer_main(args, llama_cpp, settings_args, command, load_start)
     from logitgate.models.tiny_gguf import tiny_llama_gguf
 
     prompts_text = PROMPTS[:2] if args.quick else PROMPTS
