@@ -133,13 +133,11 @@ class GrammarTracker:
         return out
 
     def forced(self, max_len: int, encode: Any = None) -> ForcedTokens:
-        """forced_tokens (mask-forced, accepted here), then what the grammar's fixed string adds
-        as drafts (structured/forced.py; tokenized with `encode`, verified by the caller)."""
-        mask = self.forced_tokens(max_len)
-        if self._rejected or max_len <= len(mask):
-            return ForcedTokens.all_mask_forced(mask)
-        more = self.grammar.forced(max_len - len(mask), encode)
-        return ForcedTokens(mask + more.tokens, len(mask) + more.num_mask_forced)
+        """What the grammar fixes next (structured/forced.py): mask-forced tokens and the
+        tokenization `encode` gives of its fixed string (drafts the caller verifies)."""
+        if self._rejected:
+            return ForcedTokens()
+        return self.grammar.forced(max_len, encode)
 
     def is_finished(self) -> bool:
         return self.grammar.is_terminated()
