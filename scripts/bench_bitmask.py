@@ -22,7 +22,7 @@ import torch
 import logitgate
 from logitgate.backends.cpu.threads import set_thread_cap
 from logitgate.backends.reference import apply_token_bitmask_reference, pack_bitmask
-from logitgate.cli.bench_harness import Progress, emit, plot_bars, round_robin
+from logitgate.bench.harness import Progress, emit, plot_bars, round_robin
 
 SHAPES = [(1, 32000), (8, 128256), (64, 128256), (256, 151936)]
 DENSITIES = [0.5, 0.01]

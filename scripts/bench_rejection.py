@@ -18,7 +18,7 @@ import sys
 import torch
 
 from logitgate.backends import get_backend
-from logitgate.cli.bench_harness import Progress, emit, plot_bars, round_robin
+from logitgate.bench.harness import Progress, emit, plot_bars, round_robin
 from logitgate.sampling.rejection import rejection_sample
 
 BATCH, SPEC, VOCAB = 64, 4, 128256

@@ -18,7 +18,7 @@ import torch
 
 from logitgate.backends.cpu.threads import set_thread_cap, thread_cap
 from logitgate.backends.reference import apply_top_k_top_p_reference
-from logitgate.cli.bench_harness import Progress, emit, fresh_process_seconds, plot_bars, round_robin
+from logitgate.bench.harness import Progress, emit, fresh_process_seconds, plot_bars, round_robin
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, ops
 
 SHAPES = [(1, 128256), (8, 128256), (64, 128256), (256, 151936)]

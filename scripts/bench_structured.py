@@ -23,7 +23,7 @@ import torch
 import xgrammar as xgr
 
 import logitgate
-from logitgate.cli.bench_harness import Progress, emit, plot_bars, round_robin
+from logitgate.bench.harness import Progress, emit, plot_bars, round_robin
 from logitgate.structured import StructuredOutputManager, StructuredOutputsParams
 
 SCHEMA = {

@@ -19,7 +19,7 @@ import torch
 import logitgate
 from logitgate.backends.cpu.threads import safe_thread_count, set_thread_cap, usable_cores
 from logitgate.backends.reference import pack_bitmask
-from logitgate.cli.bench_harness import Progress, Timing, emit, plot_bars, round_robin
+from logitgate.bench.harness import Progress, Timing, emit, plot_bars, round_robin
 
 
 def with_threads(fn, threads: int):

@@ -40,7 +40,7 @@ import torch
 import logitgate
 from logitgate import TreeDFA
 from logitgate.backends.cpu.threads import set_thread_cap
-from logitgate.cli.bench_harness import Progress, emit, plot_bars, time_runs
+from logitgate.bench.harness import Progress, emit, plot_bars, time_runs
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams
 from logitgate.sampling.tree_sampling import sample_tree_step
 from logitgate.structured.tree.candidates import keep_only_allowed

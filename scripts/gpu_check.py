@@ -221,7 +221,7 @@ class Timer:
 
 def timed(fns: dict[str, Any], timer: Timer, repeats: int) -> dict[str, Any]:
     """Interleaved runs of every implementation (round robin), after one warm-up run each."""
-    from logitgate.cli.bench_harness import round_robin
+    from logitgate.bench.harness import round_robin
 
     for fn in fns.values():
         timer.warm(fn)
@@ -896,7 +896,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from logitgate.backends import get_backend, probe_cuda
-    from logitgate.cli.bench_harness import Progress
+    from logitgate.bench.harness import Progress
 
     if args.device == "cuda":
         probe = probe_cuda()

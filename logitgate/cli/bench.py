@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .bench_harness import NOISY_SPREAD, impl_label
+from ..bench.harness import NOISY_SPREAD, impl_label
 from .output_paths import make_output_folder
 
 SCRIPTS_DIR = Path(__file__).resolve().parents[2] / "scripts"

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
+from logitgate.bench import harness as bench_harness
 from logitgate.cli import bench as bench_cli
-from logitgate.cli import bench_harness
 from logitgate.cli.main import main
 
 

@@ -15,14 +15,14 @@ import os
 import sys
 import time
 
-from logitgate.cli.vllm_engines import (
+from logitgate.bench.vllm_engines import (
     DRAFTERS,
     mtp_target_dir,
     spec_counters,
     token_lists,
 )
-from logitgate.cli.vllm_engines import TREE_MAX_TOKENS as MAX_TOKENS
-from logitgate.cli.vllm_engines import start_tree_engine as start_engine
+from logitgate.bench.vllm_engines import TREE_MAX_TOKENS as MAX_TOKENS
+from logitgate.bench.vllm_engines import start_tree_engine as start_engine
 
 PROMPT_HINTS = ["Europe", "Krakow", "Seattle", "Asia", "Berlin", "Tokyo", "America", "Pacific"]
 TRIE_NAMES = ["Europe/Berlin", "Europe/Paris", "Asia/Tokyo", "America/New_York"]

@@ -40,7 +40,7 @@ from json_engine import (
     demo_json_prompts,
     run_scenario,
 )
-from logitgate.cli.vllm_engines import NGRAM_SPECULATIVE_CONFIG
+from logitgate.bench.vllm_engines import NGRAM_SPECULATIVE_CONFIG
 from ops_helpers import needs_vllm_cpu
 from server_helpers import logitgate_counters, metric, metrics_page, post, running_server, vllm_serve_command
 from test_vllm_engine import is_complete_path
