@@ -3,7 +3,7 @@ default logitgate picks (logitgate.backends.cpu.threads.safe_thread_count: the i
 interleaved runs, with the load average before and after. On a shared host the all-cores runs wait
 for descheduled threads at every parallel barrier; this script is the evidence for the defaults.
 
-    python scripts/bench_threads.py [--quick] [--repeats N] [--demo-runs N] [--out FILE] [--plot FILE.png]
+    python -m logitgate.bench.threads [--quick] [--repeats N] [--demo-runs N] [--out FILE] [--plot FILE.png]
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@
   built from the baselines (sort-based filters, torch.multinomial);
 - the first call in a fresh process (numba compile or cache load).
 
-    python scripts/bench_sampling.py [--quick] [--threads N] [--out FILE] [--plot FILE.png]
+    python -m logitgate.bench.sampling [--quick] [--threads N] [--out FILE] [--plot FILE.png]
 """
 from __future__ import annotations
 

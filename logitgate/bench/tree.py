@@ -24,7 +24,7 @@ methods: rtp_style (string keys, uint8 host mask, masked_fill, Sampler), logitga
 sample_tree_step, the default crossover), interleaved, medians; "crossover" times sparse against
 dense for rows allowing a growing fraction of the vocabulary. `--steps-only` skips the rest.
 
-    python scripts/bench_tree.py [--quick] [--steps-only] [--items N] [--xgrammar-items N] [--out FILE] [--plot FILE.png]
+    python -m logitgate.bench.tree [--quick] [--steps-only] [--items N] [--xgrammar-items N] [--out FILE] [--plot FILE.png]
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ a shared machine hits all of them alike; each timed run follows an untimed run o
 so caches are as warm as in back-to-back runs. `<impl>_spread` is the interquartile range over the
 median of that implementation's runs, a measure of that noise.
 
-    python scripts/bench_bitmask.py [--quick] [--dtypes float32,bfloat16] [--out FILE] [--plot FILE.png]
+    python -m logitgate.bench.bitmask [--quick] [--dtypes float32,bfloat16] [--out FILE] [--plot FILE.png]
 """
 from __future__ import annotations
 
