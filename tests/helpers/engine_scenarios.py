@@ -137,7 +137,7 @@ def run(scenario: str) -> dict:
         result["tree_drafts"] = dict(drafts)
         if drafter == "mtp":  # the random MiMo target's greedy tree decode without drafts, in transformers
             from logitgate import TreeDFA
-            from tree_reference import tree_greedy_reference
+            from tests.helpers.tree_reference import tree_greedy_reference
 
             result["reference_greedy"] = tree_greedy_reference(
                 model, TreeDFA.from_prefix_dict(str(TREE_PATH)), [p["prompt_token_ids"] for p in prompts], MAX_TOKENS)
