@@ -29,9 +29,8 @@ sys.path.insert(0, str(ROOT / "tests" / "vllm_engine"))  # the server helpers; l
 
 def child(megabytes: float, repeats: int, log: str | None) -> dict:
     from admission_stall import STALL_CASES, health_stall, trie_text
-    from server_helpers import running_server
-
     from logitgate.models.demo import TARGET_DIR, demo_prompt
+    from server_helpers import running_server
 
     # The server runs as `python -m` from this directory, so it imports the logitgate found from here.
     found = subprocess.run([sys.executable, "-c", "import logitgate; print(logitgate.__file__)"], capture_output=True, text=True)
