@@ -154,7 +154,7 @@ gpu-wheels:
 		test $$size -le 64 || { echo "over the 64 MiB budget"; exit 1; }
 
 gpu-check:
-	$(GPU_PYTHON) scripts/gpu_check.py --wheels $(GPU_WHEELS_DIR) $(GPU_CHECK_ARGS)
+	$(GPU_PYTHON) -m logitgate.bench.gpu_check --wheels $(GPU_WHEELS_DIR) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_ENGINE_VENV) $(GPU_WHEELS_DIR) .gpu-site gpu-check-out bench-out .pytest_cache .hypothesis

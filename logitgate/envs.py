@@ -18,7 +18,7 @@
     LOGITGATE_VLLM_METRICS_DIR          path                      set by the plugin            where a vLLM server's processes leave logitgate's counters for /metrics (not for operators)
     LOGITGATE_CUDA_KERNELS              variant, op=variant list  sampling, rejection v2       CUDA kernel variant per op: current or v2, for all (v2) or per op (bitmask=v2,sampling=current,rejection=v2)
     LOGITGATE_VLLM_PYTHON               path                      this interpreter             scripts/bench_vllm.py: the interpreter with a vLLM engine
-    LOGITGATE_GPU_SITE                  path                      set by the script            scripts/gpu_check.py: its package directory, for its child processes
+    LOGITGATE_GPU_SITE                  path                      set by the script            the GPU check: its package directory, for its child processes
 
 Each variable is read when it is used, never cached at import (the vLLM settings are parsed once
 per distinct value), so setting one takes effect at the next call. Malformed values are refused by
@@ -92,7 +92,7 @@ VARIABLES: dict[str, Variable] = _declare(
     Variable("LOGITGATE_VLLM_PYTHON", "path", "this interpreter",
              "scripts/bench_vllm.py: the interpreter with a vLLM engine", "scripts/bench_vllm.py"),
     Variable("LOGITGATE_GPU_SITE", "path", "set by the script",
-             "scripts/gpu_check.py: its package directory, for its child processes", "scripts/gpu_check.py"),
+             "the GPU check: its package directory, for its child processes", "logitgate.bench.gpu_check.wheels"),
 )
 
 

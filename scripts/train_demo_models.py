@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from logitgate.cli.bench_harness import emit
+from logitgate.bench.harness import emit
 from logitgate.models import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, catalog_prefix_dict, demo_prompt
 from logitgate.models.demo import DEMO_DIR, load_catalog
 from logitgate.models.hf_byte_tokenizer import write_demo_tokenizers

@@ -31,13 +31,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "vllm_engine"))  # the server helpers; logitgate is the interpreter's
+sys.path.insert(0, str(ROOT))  # tests/ (the server helpers); logitgate is the interpreter's
 
 
 def child(megabytes: float, repeats: int, log: str | None, streams: bool = False, concurrent: int = 0) -> dict:
-    from admission_stall import STALL_CASES, api_server_rss_mb, health_stall, stream_stall, trie_body, trie_text
     from logitgate.models.demo import TARGET_DIR, demo_prompt
-    from server_helpers import post, running_server
+    from tests.helpers.server_helpers import post, running_server
+    from tests.vllm_engine.admission_stall import (
+        STALL_CASES,
+        api_server_rss_mb,
+        health_stall,
+        stream_stall,
+        trie_body,
+        trie_text,
+    )
 
     model, prompt = str(TARGET_DIR), demo_prompt("Krakow")
 

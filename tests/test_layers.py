@@ -1,5 +1,5 @@
 """The layers point one way (docs/design.md): the standard modules at the root < backends, models <
-structured < sampling < decode < integrations < cli. A module imports its own part and the layers
+structured < sampling < decode < integrations < bench < cli. A module imports its own part and the layers
 below it, never a layer above it or another part of its own layer: at the top, inside a function,
 or through a lazy package's `_EXPORTS` table. The package's `__init__` (the public API, re-exported
 lazily from backends, structured and sampling) sits just below integrations; `__main__` above cli.
@@ -24,7 +24,8 @@ LAYERS = (
     ("decode",),
     ("__init__",),  # the public API (re-exports of the layers below, loaded lazily), __version__
     ("integrations",),
-    ("cli",),  # the commands drive everything below, vLLM engines included (cli/vllm_engines.py)
+    ("bench",),  # the benchmark harness: kernel benches, vLLM engines, the served server, the GPU check
+    ("cli",),  # the commands drive everything below
     ("__main__",),
 )
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}

@@ -160,7 +160,8 @@ def _pip_line_problem(words: list[str], root: Path) -> str | None:
 @pytest.mark.parametrize("page, line", SHELL_LINES, ids=[f"{_name(p)}: {line}" for p, line in SHELL_LINES])
 def test_shell_commands_exist(page, line):
     """```bash blocks are not run here (make test would recurse; benchmarks take minutes), but every
-    make target they name exists, every script or `logitgate` command they run answers --help and
+    make target they name exists, every script, module (`python -m logitgate.bench.NAME`) or `logitgate`
+    command they run answers --help and
     every `pip` line installs what exists (as the Makefile, which CI runs, installs it). Leading
     NAME=value assignments (CMAKE_ARGS=...) are the command's environment."""
     # This checkout's logitgate, not another copy installed in the interpreter (a worktree).
@@ -176,6 +177,9 @@ def test_shell_commands_exist(page, line):
     elif words[1:3] == ["-m", "logitgate"]:
         out = subprocess.run([sys.executable, "-m", "logitgate", words[3], "--help"], capture_output=True, text=True, timeout=120, env=env)
         assert out.returncode == 0, out.stderr
+    elif words[1] == "-m" and words[2].startswith("logitgate."):  # a benchmark or the GPU check, run as a module
+        out = subprocess.run([sys.executable, "-m", words[2], "--help"], capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 0, f"{where} runs `python -m {words[2]}`: {out.stderr[-2000:]}"
     else:
         script = next(w for w in words if w.endswith(".py"))
         assert (ROOT / script).is_file(), f"{where} runs {script}, which does not exist"

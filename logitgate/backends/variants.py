@@ -1,7 +1,7 @@
 """Which variant of a CUDA kernel runs: LOGITGATE_CUDA_KERNELS (logitgate/envs.py).
 
 Each of the three hot CUDA operations has two implementations kept side by side until a GPU run
-decides between them (scripts/gpu_check.py times both in one process):
+decides between them (logitgate/bench/gpu_check/ times both in one process):
 
     bitmask    current: grid-stride programs, each unpacking 128 words into a (128, 32) mask and
                reshaping it, then a predicated store of -inf;

@@ -1,11 +1,11 @@
-"""`logitgate bench`: run the benchmark scripts of a source checkout, one table per benchmark.
+"""`logitgate bench`: run logitgate's benchmarks, one table per benchmark.
 
-Each scripts/bench_*.py writes JSON (`--out`) and a PNG (`--plot`); this command runs them in
-fresh processes (so a numba compile or a cache load is not charged to the next one), forwards their
+Each benchmark (a module of logitgate/bench/, `python -m logitgate.bench.NAME`) writes JSON
+(`--out`) and a PNG (`--plot`); this command runs them in fresh processes (so a numba compile or a cache load is not charged to the next one), forwards their
 progress lines (step, elapsed, ETA), and prints every case with its full name and four separate
 columns: times (lower is better), speedups of logitgate (higher is better), logitgate's time over a
 floor or baseline (lower is better) and the noise flag. The same tables go to summary.md.
-`logitgate bench --gpu` runs scripts/gpu_check.py instead (see docs/gpu-check.md).
+`logitgate bench --gpu` runs the GPU check (logitgate/bench/gpu_check/) instead (see docs/gpu-check.md).
 """
 from __future__ import annotations
 
@@ -19,31 +19,31 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .bench_harness import NOISY_SPREAD, impl_label
+from ..bench import BENCHMARKS
+from ..bench.harness import NOISY_SPREAD, impl_label
 from .output_paths import make_output_folder
 
-SCRIPTS_DIR = Path(__file__).resolve().parents[2] / "scripts"
+BENCH_PACKAGE = "logitgate.bench"  # the benchmarks run as `python -m logitgate.bench.NAME`
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder this logitgate is imported from
 SPEEDUP_KEY = re.compile(r"(^|_)speedup(_|$)")  # speedup_vs_x, dense_speedup_vs_x: x's time / logitgate's
 TIME_RATIO_KEY = re.compile(r"^vs_|_ratio$")  # vs_x, *_ratio: logitgate's time / x's time
 CASE_KEYS = ("case", "threads", "op", "scenario", "shape", "dtype", "allowed", "mode", "batch", "vocab", "items", "k", "drafts")
 
 
 def available() -> list[str]:
-    if not SCRIPTS_DIR.is_dir():
-        raise ValueError(f"no scripts/ folder next to the package ({SCRIPTS_DIR}); run from a source checkout")
-    return sorted(s.stem.removeprefix("bench_") for s in SCRIPTS_DIR.glob("bench_*.py"))
+    return sorted(BENCHMARKS)
 
 
-def discover(only: list[str] | None = None) -> list[Path]:
-    """The benchmark scripts to run: all of them, or those named in `only` (an empty list is an
-    error that lists the names, not a silent full run)."""
+def discover(only: list[str] | None = None) -> list[str]:
+    """The benchmarks to run: all of them, or those named in `only` (an empty list is an error
+    that lists the names, not a silent full run)."""
     names = available()
     if only is not None and not only:
         raise ValueError(f"--only needs one or more benchmark names: {', '.join(names)}")
     unknown = [o for o in only or [] if o not in names]
     if unknown:
         raise ValueError(f"unknown benchmark(s) {', '.join(unknown)}; available: {', '.join(names)}")
-    return [SCRIPTS_DIR / f"bench_{name}.py" for name in (only or names)]
+    return only or names
 
 
 @dataclass
@@ -98,7 +98,7 @@ def cases(result: dict) -> list[Case]:
 def child_env(device: str | None) -> dict[str, str]:
     """The benchmarks' environment: they import this same logitgate (not another installed copy)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SCRIPTS_DIR.parent), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
     if device:
         env["LOGITGATE_DEVICE"] = device
     return env
@@ -119,21 +119,20 @@ def _forward_progress(proc: subprocess.Popen, prefix: str) -> list[str]:
 
 
 def run(out: str, only: list[str] | None = None, quick: bool = False, device: str | None = None) -> dict:
-    scripts = discover(only)
+    names = discover(only)
     out_dir = make_output_folder(out)
     env = child_env(device)
     summary: dict[str, dict] = {}
     started = time.perf_counter()
-    for i, script in enumerate(scripts):
-        name = script.stem.removeprefix("bench_")
+    for i, name in enumerate(names):
         json_path, png_path = out_dir / f"{name}.json", out_dir / f"{name}.png"
-        cmd = [sys.executable, str(script), "--out", str(json_path), "--plot", str(png_path)]
+        cmd = [sys.executable, "-m", f"{BENCH_PACKAGE}.{name}", "--out", str(json_path), "--plot", str(png_path)]
         if quick:
             cmd.append("--quick")
-        sys.stderr.write(f"benchmark {i + 1}/{len(scripts)}: {name} ({time.perf_counter() - started:.0f}s so far)\n")
+        sys.stderr.write(f"benchmark {i + 1}/{len(names)}: {name} ({time.perf_counter() - started:.0f}s so far)\n")
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-        tail = _forward_progress(proc, f"  {i + 1}/{len(scripts)}")
+        tail = _forward_progress(proc, f"  {i + 1}/{len(names)}")
         entry: dict = {"seconds": round(time.perf_counter() - start, 1), "json": str(json_path), "png": str(png_path)}
         if proc.returncode != 0:
             entry["error"] = next((line for line in reversed(tail) if line.strip()), f"exit {proc.returncode}")
@@ -194,13 +193,10 @@ def format_table(summary: dict, *, markdown: bool = False) -> str:
 
 
 def run_gpu_check(out: str | None, quick: bool, device: str | None) -> int:
-    """`logitgate bench --gpu`: scripts/gpu_check.py in a fresh process (its own output)."""
-    script = SCRIPTS_DIR / "gpu_check.py"
-    if not script.is_file():
-        raise ValueError(f"no {script}; --gpu runs from a source checkout")
-    cmd = [sys.executable, str(script)]
+    """`logitgate bench --gpu`: the GPU check in a fresh process (its own output)."""
+    cmd = [sys.executable, "-m", f"{BENCH_PACKAGE}.gpu_check"]
     if out:
-        cmd += ["--out", str(make_output_folder(out))]  # the script writes its results there
+        cmd += ["--out", str(make_output_folder(out))]  # the check writes its results there
     if quick:
         cmd.append("--quick")
     if device:

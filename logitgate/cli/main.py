@@ -80,13 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
                       "(default: on when stderr is a terminal and --json is not given)")
     demo.add_argument("--json", action="store_true", help="machine-readable output: the whole report as one object")
     demo.set_defaults(func=_cmd_demo)
-    bench = sub.add_parser("bench", help="run the benchmark scripts, print one table per benchmark")
+    bench = sub.add_parser("bench", help="run the benchmarks (logitgate/bench/), print one table per benchmark")
     bench.add_argument("--out", default=None, help="folder for JSON and PNG results (default: bench-out; "
                        "with --gpu: gpu-check-out/<time>)")
-    bench.add_argument("--only", nargs="*", metavar="NAME", help="benchmark names (bitmask, rejection, sampling, structured, tree)")
+    bench.add_argument("--only", nargs="*", metavar="NAME", help="benchmark names (an unknown one lists them all)")
     bench.add_argument("--quick", action="store_true", help="fewer repeats and shapes")
     bench.add_argument("--device", default=None, help="LOGITGATE_DEVICE for the benchmarks (--gpu: cuda, or cpu for a dry run)")
-    bench.add_argument("--gpu", action="store_true", help="the GPU check (scripts/gpu_check.py): tests, sync check, "
+    bench.add_argument("--gpu", action="store_true", help="the GPU check (python -m logitgate.bench.gpu_check): tests, sync check, "
                        "CUDA benchmarks against xgrammar/vLLM baselines, JSON + markdown")
     bench.set_defaults(func=_cmd_bench)
     register_tree_commands(sub)

@@ -1,6 +1,6 @@
 """A tiny Llama with the real Llama-3 tokenizer that writes the served benchmark's JSON records: a
 model whose next-token distribution follows the format most of the time and leaves it sometimes,
-as real models do (the random model of logitgate/cli/vllm_engines.py never follows it).
+as real models do (the random model of logitgate/bench/vllm_engines.py never follows it).
 
 Trained in code, seeded, in about a minute of CPU time on one thread (docs/demo.md has the
 measured build times), then cached as a Hugging Face model folder

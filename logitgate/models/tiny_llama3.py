@@ -1,5 +1,5 @@
 """Tiny Hugging Face Llamas with the real Llama-3 tokenizer (`real_vocab.load_tokenizer("llama3")`),
-built in code: the engine tests' and benchmarks' random model (logitgate/cli/vllm_engines.py) and
+built in code: the engine tests' and benchmarks' random model (logitgate/bench/vllm_engines.py) and
 the trained json_writer model start here.
 
 With 128k tokens the embedding dominates a small model, so the output layer is tied to it; a model

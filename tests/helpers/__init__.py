@@ -1,2 +1,3 @@
 """Helpers shared by the main suite's tests (not tests themselves, not logitgate): each module has
-one job, named by its file. tests/vllm_engine keeps its own helpers next to its tests (another venv)."""
+one job, named by its file. The engine tests' helpers (tests/vllm_engine, run in .venv-vllm) are here
+too: server_helpers, json_engine, engine_scenarios, tree_reference, tree_route_requests, ops_helpers."""

@@ -62,7 +62,7 @@ SLOW = (
     "sampling/test_sparse_sampling.py::test_mixed_dense_and_fused_rows_follow_the_masked_distribution",
     "sampling/test_sparse_sampling.py::test_random_draws_follow_the_masked_distribution",
     "sampling/test_sparse_sampling.py::test_sample_candidates_draws_the_masked_softmax",
-    "scripts/test_gpu_check.py",
+    "bench/test_gpu_check.py",
     "structured/tree/test_tree_build.py::test_build_trie_matches_the_reference",
     "structured/tree/test_tree_real_tokenizers.py",
     "structured/test_forced.py",

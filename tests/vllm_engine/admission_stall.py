@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.request
 
-from server_helpers import post
+from tests.helpers.server_helpers import post
 
 __all__ = ["STALL_CASES", "api_server_rss_mb", "health_stall", "stream_stall", "trie_body", "trie_text"]
 

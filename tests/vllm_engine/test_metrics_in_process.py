@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from json_engine import DEMO_JSON_MAX_TOKENS, DEMO_SCHEMA, STRUCTURED_OUTPUTS_CONFIG, demo_json_prompts
-from ops_helpers import needs_vllm_cpu
-from server_helpers import logitgate_counters, metrics_page, post, running_server
+from tests.helpers.json_engine import DEMO_JSON_MAX_TOKENS, DEMO_SCHEMA, STRUCTURED_OUTPUTS_CONFIG, demo_json_prompts
+from tests.helpers.ops_helpers import needs_vllm_cpu
+from tests.helpers.server_helpers import logitgate_counters, metrics_page, post, running_server
 
 pytestmark = needs_vllm_cpu
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy import stats
 
-from ops_helpers import require_vllm_runtime, sampling_metadata, seeded, use_cpu_rejection_kernels
+from tests.helpers.ops_helpers import require_vllm_runtime, sampling_metadata, seeded, use_cpu_rejection_kernels
 
 require_vllm_runtime()
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from ops_helpers import needs_vllm_cpu
-from test_vllm_engine import ENGINE_TIMEOUT_S
+from logitgate.bench.served_server import SERVER_TIMEOUT_S
+from tests.helpers.ops_helpers import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu
 
@@ -38,7 +38,7 @@ print("RESULT " + json.dumps(result), flush=True)
 @pytest.fixture(scope="module")
 def ops_none():
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "LOGITGATE_VLLM_OPS": "none"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=ENGINE_TIMEOUT_S)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=SERVER_TIMEOUT_S)  # an engine starts as slowly in a script as in a server
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-6000:]
     return json.loads(lines[-1][len("RESULT "):])

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from ops_helpers import needs_vllm_cpu
-from server_helpers import free_port, stop, wait_healthy
-from test_vllm_engine import is_complete_path
+from logitgate.bench.served_server import free_port, stop, wait_healthy
+from tests.helpers.ops_helpers import needs_vllm_cpu
+from tests.helpers.tree_reference import is_complete_path
 
 pytestmark = needs_vllm_cpu
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from ops_helpers import needs_vllm_cpu
+from tests.helpers.ops_helpers import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu
 

@@ -16,9 +16,9 @@ import re
 
 import pytest
 
-from json_engine import build_model, model_dir
-from ops_helpers import needs_vllm_cpu
-from server_helpers import post, running_server
+from tests.helpers.json_engine import build_model, model_dir
+from tests.helpers.ops_helpers import needs_vllm_cpu
+from tests.helpers.server_helpers import post, running_server
 
 pytestmark = needs_vllm_cpu
 

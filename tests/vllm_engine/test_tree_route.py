@@ -8,21 +8,16 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from ops_helpers import needs_vllm_cpu
+from tests.helpers.ops_helpers import needs_vllm_cpu
+from tests.helpers.tree_route_requests import CONFIG, EOS, V, init_grammar, manager_for, request
 
 pytestmark = needs_vllm_cpu
-
-V = 48
-EOS = 2
-CONFIG = {"start_token_id": 40, "end_token_id": EOS, "prefix_dict": {
-    "40": [10, 11, 12], "40_10": [13], "40_10_13": [14, 15], "40_12": [16], "40_12_16": [EOS]}}
-
 
 @pytest.mark.parametrize("ops, patched_by", [
     ("tree", "logitgate.integrations.vllm.tree.route"),
@@ -51,35 +46,6 @@ def route():
 
     plugin.install({"tree"})
     return tree_route
-
-
-def manager_for(num_spec: int):
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    config = SimpleNamespace(
-        parallel_config=SimpleNamespace(distributed_executor_backend="mp"),
-        scheduler_config=SimpleNamespace(max_num_seqs=4),
-        model_config=SimpleNamespace(skip_tokenizer_init=True, get_vocab_size=lambda: V, is_diffusion=False),
-        structured_outputs_config=SimpleNamespace(enable_in_reasoning=False, reasoning_parser=None),
-        num_speculative_tokens=num_spec,
-    )
-    return StructuredOutputManager(config)
-
-
-def init_grammar(manager, req):
-    """vLLM's grammar_init, then wait for the compile (the scheduler polls it between steps)."""
-    manager.grammar_init(req)
-    grammar = req.structured_output_request._grammar
-    if isinstance(grammar, Future):
-        wait([grammar])
-
-
-def request(request_id, extra_args, prompt=(40,)):
-    from vllm import SamplingParams
-    from vllm.v1.request import Request
-
-    params = SamplingParams(max_tokens=16, extra_args=extra_args)
-    return Request(request_id, list(prompt), params, None)
 
 
 def allowed(row):
@@ -220,9 +186,9 @@ def test_beam_search_under_a_tree_is_refused(route, monkeypatch):
     tree = {"vllm_xargs": {"tree_decode": "catalog"}}
     requests = [CompletionRequest(model="m", prompt=[1], use_beam_search=True, n=2, **tree),
                 ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}], use_beam_search=True, n=2, **tree)]
-    for request in requests:
+    for beam_request in requests:
         with pytest.raises(VLLMValidationError, match="beam search cannot be served under a tree"):
-            request.to_beam_search_params(8, {})
+            beam_request.to_beam_search_params(8, {})
     assert CompletionRequest(model="m", prompt=[1], use_beam_search=True, n=2).to_beam_search_params(8, {}).beam_width == 2
     monkeypatch.setenv("LOGITGATE_TREE_DECODE_CONFIG", "/srv/trees/global.json")  # every request is under it
     with pytest.raises(VLLMValidationError, match="beam search"):

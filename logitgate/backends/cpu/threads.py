@@ -3,7 +3,7 @@
 All cores is the libraries' default, and it falls off a cliff on a shared host: a parallel region
 waits at its barrier for every thread, so when another process holds a core, the region waits for
 a time slice (4-8 ms). Issue 15 measured, on a loaded 2-core host, bitmask apply at 8-9 ms with 2
-threads and 0.85 ms with 1, `demo --quick` at 23 s and 0.55 s; scripts/bench_threads.py measures it
+threads and 0.85 ms with 1, `demo --quick` at 23 s and 0.55 s; logitgate/bench/threads.py measures it
 on any host (docs/devices.md, "Threads"). The default is therefore the cores that are idle when it is first
 asked for: usable cores minus the 1-minute load average, rounded, at least 1.
 `LOGITGATE_THREADS=N` overrides it.

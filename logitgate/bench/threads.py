@@ -3,7 +3,7 @@ default logitgate picks (logitgate.backends.cpu.threads.safe_thread_count: the i
 interleaved runs, with the load average before and after. On a shared host the all-cores runs wait
 for descheduled threads at every parallel barrier; this script is the evidence for the defaults.
 
-    python scripts/bench_threads.py [--quick] [--repeats N] [--demo-runs N] [--out FILE] [--plot FILE.png]
+    python -m logitgate.bench.threads [--quick] [--repeats N] [--demo-runs N] [--out FILE] [--plot FILE.png]
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 import logitgate
 from logitgate.backends.cpu.threads import safe_thread_count, set_thread_cap, usable_cores
 from logitgate.backends.reference import pack_bitmask
-from logitgate.cli.bench_harness import Progress, Timing, emit, plot_bars, round_robin
+from logitgate.bench.harness import Progress, Timing, emit, plot_bars, round_robin
 
 
 def with_threads(fn, threads: int):

@@ -3,7 +3,7 @@ version of vLLM's algorithm (written here, the baseline) vs one softmax over the
 floor) — one process, medians of many runs. Also the first call in a fresh process (numba compile
 or cache load).
 
-    python scripts/bench_rejection.py [--quick] [--repeats N] [--out FILE] [--plot FILE.png]
+    python -m logitgate.bench.rejection [--quick] [--repeats N] [--out FILE] [--plot FILE.png]
 
 Scenarios: "drafter" = draft probs from a perturbed copy of the target (a realistic acceptance
 rate); "exact" = draft probs equal to the target (every draft accepted: every row is read, the
@@ -18,7 +18,7 @@ import sys
 import torch
 
 from logitgate.backends import get_backend
-from logitgate.cli.bench_harness import Progress, emit, plot_bars, round_robin
+from logitgate.bench.harness import Progress, emit, plot_bars, round_robin
 from logitgate.sampling.rejection import rejection_sample
 
 BATCH, SPEC, VOCAB = 64, 4, 128256

@@ -8,7 +8,7 @@ is importable, otherwise all JSON (the JSON reported says which). Baselines, sam
 - tree rows: TreeDFA's scalar API, `allowed(state)` packed into the row one row at a time (what
   RTP-LLM does with its dense host mask), stepping through the drafts.
 
-    python scripts/bench_structured.py [--quick] [--requests 64] [--vocab 32000] [--drafts 4] [--out F] [--plot F.png]
+    python -m logitgate.bench.structured [--quick] [--requests 64] [--vocab 32000] [--drafts 4] [--out F] [--plot F.png]
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import torch
 import xgrammar as xgr
 
 import logitgate
-from logitgate.cli.bench_harness import Progress, emit, plot_bars, round_robin
+from logitgate.bench.harness import Progress, emit, plot_bars, round_robin
 from logitgate.structured import StructuredOutputManager, StructuredOutputsParams
 
 SCHEMA = {

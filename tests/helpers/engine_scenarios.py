@@ -15,14 +15,14 @@ import os
 import sys
 import time
 
-from logitgate.cli.vllm_engines import (
+from logitgate.bench.vllm_engines import (
     DRAFTERS,
     mtp_target_dir,
     spec_counters,
     token_lists,
 )
-from logitgate.cli.vllm_engines import TREE_MAX_TOKENS as MAX_TOKENS
-from logitgate.cli.vllm_engines import start_tree_engine as start_engine
+from logitgate.bench.vllm_engines import TREE_MAX_TOKENS as MAX_TOKENS
+from logitgate.bench.vllm_engines import start_tree_engine as start_engine
 
 PROMPT_HINTS = ["Europe", "Krakow", "Seattle", "Asia", "Berlin", "Tokyo", "America", "Pacific"]
 TRIE_NAMES = ["Europe/Berlin", "Europe/Paris", "Asia/Tokyo", "America/New_York"]
@@ -137,7 +137,7 @@ def run(scenario: str) -> dict:
         result["tree_drafts"] = dict(drafts)
         if drafter == "mtp":  # the random MiMo target's greedy tree decode without drafts, in transformers
             from logitgate import TreeDFA
-            from tree_reference import tree_greedy_reference
+            from tests.helpers.tree_reference import tree_greedy_reference
 
             result["reference_greedy"] = tree_greedy_reference(
                 model, TreeDFA.from_prefix_dict(str(TREE_PATH)), [p["prompt_token_ids"] for p in prompts], MAX_TOKENS)

@@ -9,7 +9,7 @@ no cache, V = 128256. Cases:
 
 Limits are raised (LOGITGATE_TREE_MAX_*) so that the hostile inputs are compiled, not refused.
 
-    PYTHONPATH=. python scripts/bench_tree_compile.py [--repeats 3] [--quick] [--out FILE.json]
+    python -m logitgate.bench.tree_compile [--repeats 3] [--quick] [--out FILE.json]
 """
 from __future__ import annotations
 

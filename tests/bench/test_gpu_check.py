@@ -1,7 +1,6 @@
 """The GPU check's logic on the CPU: argument handling, package installation from the wheel folder,
 the dry run end to end (same benchmark code on CPU tensors) and its JSON / markdown, junit parsing,
 and `logitgate bench --gpu`. The hardware run itself needs a GPU (see docs/gpu-check.md)."""
-import importlib.util
 import json
 import subprocess
 import sys
@@ -9,18 +8,13 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
+from logitgate.bench.gpu_check import config, suite, wheels
+from logitgate.bench.gpu_check import main as gpu_check
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the checkout whose logitgate the tests import
 
 
-@pytest.fixture(scope="module")
-def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_arguments_defaults_and_errors(gpu_check, capsys):
+def test_arguments_defaults_and_errors(capsys):
     args = gpu_check.parse_args([])
     assert args.device == "cuda" and args.budget_s == 600 and not args.quick
     assert Path(args.out).parent.name == "gpu-check-out" and args.out.endswith("-cuda")
@@ -32,7 +26,7 @@ def test_arguments_defaults_and_errors(gpu_check, capsys):
     assert "invalid choice: 'tpu'" in err and "--repeats must be at least 3" in err and "--budget-s must be positive" in err
 
 
-def test_cuda_requested_without_cuda_is_a_clear_error(gpu_check, tmp_path, capsys):
+def test_cuda_requested_without_cuda_is_a_clear_error(tmp_path, capsys):
     from logitgate.backends import probe_cuda
 
     if probe_cuda().available:
@@ -41,10 +35,10 @@ def test_cuda_requested_without_cuda_is_a_clear_error(gpu_check, tmp_path, capsy
     assert "CUDA is unusable here" in capsys.readouterr().err
 
 
-def test_missing_packages_install_from_the_wheel_folder_only(gpu_check, tmp_path, monkeypatch):
+def test_missing_packages_install_from_the_wheel_folder_only(tmp_path, monkeypatch):
     needed = {"json": "json", "surely_not_a_module_xyz": "surely-not-a-package"}
     # No wheels: said plainly, nothing attempted.
-    status = gpu_check.ensure_packages(tmp_path / "none", needed)
+    status = wheels.ensure_packages(tmp_path / "none", needed)
     assert status["json"] == "present"
     assert status["surely_not_a_module_xyz"].startswith("missing: no wheels in") and "make gpu-wheels" in status["surely_not_a_module_xyz"]
     # With wheels: pip install --no-index --find-links <folder> <the missing ones only>.
@@ -55,9 +49,9 @@ def test_missing_packages_install_from_the_wheel_folder_only(gpu_check, tmp_path
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for surely-not-a-package")
 
-    monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
+    monkeypatch.setattr(wheels.subprocess, "run", fake_run)
     monkeypatch.setenv("LOGITGATE_GPU_SITE", "")  # restored (removed) after the test
-    status = gpu_check.ensure_packages(tmp_path, needed, site=tmp_path / "site")
+    status = wheels.ensure_packages(tmp_path, needed, site=tmp_path / "site")
     [cmd, fallback] = calls
     assert cmd[1:4] == ["-m", "pip", "install"] and "--no-index" in cmd
     assert cmd[cmd.index("--find-links") + 1] == str(tmp_path) and cmd[-1] == "surely-not-a-package" and "json" not in cmd
@@ -67,7 +61,7 @@ def test_missing_packages_install_from_the_wheel_folder_only(gpu_check, tmp_path
     assert status["surely_not_a_module_xyz"] == "missing: pip install failed: ERROR: No matching distribution found for surely-not-a-package"
 
 
-def test_wheels_installed_into_a_site_folder_come_after_the_machines_packages(gpu_check, tmp_path, monkeypatch):
+def test_wheels_installed_into_a_site_folder_come_after_the_machines_packages(tmp_path, monkeypatch):
     (tmp_path / "w").mkdir()
     (tmp_path / "w" / "fakepkg_gpu_check-1.0-py3-none-any.whl").write_bytes(b"")
     site = tmp_path / "site"
@@ -79,15 +73,15 @@ def test_wheels_installed_into_a_site_folder_come_after_the_machines_packages(gp
         (site / "fakepkg_gpu_check.py").write_text("")
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
-    monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
+    monkeypatch.setattr(wheels.subprocess, "run", fake_run)
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setenv("LOGITGATE_GPU_SITE", "")  # restored (removed) after the test
-    status = gpu_check.ensure_packages(tmp_path / "w", {"fakepkg_gpu_check": "fakepkg-gpu-check"}, site=site)
+    status = wheels.ensure_packages(tmp_path / "w", {"fakepkg_gpu_check": "fakepkg-gpu-check"}, site=site)
     assert status == {"fakepkg_gpu_check": f"installed from {tmp_path / 'w'} into {site}"}
     assert sys.path[-1] == str(site) and __import__("os").environ["LOGITGATE_GPU_SITE"] == str(site)
 
 
-def test_junit_counts_and_failures(gpu_check, tmp_path):
+def test_junit_counts_and_failures(tmp_path):
     xml = tmp_path / "j.xml"
     xml.write_text(
         '<testsuites><testsuite tests="4" failures="1" errors="1" skipped="1">'
@@ -97,13 +91,13 @@ def test_junit_counts_and_failures(gpu_check, tmp_path):
         '<testcase classname="tests.b" name="test_skip"><skipped/></testcase>'
         "</testsuite></testsuites>"
     )
-    result = gpu_check.parse_junit(xml)
+    result = suite.parse_junit(xml)
     assert (result["tests"], result["passed"], result["failures"], result["errors"], result["skipped"]) == (4, 1, 1, 1, 1)
     assert result["failed"] == ["tests.a::test_bad (failure): assert 1 == 2", "tests.b::test_err (error): RuntimeError: sync"]
 
 
-def test_dry_run_end_to_end_writes_json_and_markdown(gpu_check, tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(gpu_check.SHAPES, "cpu", {
+def test_dry_run_end_to_end_writes_json_and_markdown(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(config.SHAPES, "cpu", {
         "bitmask": [(2, 1000)], "bitmask_grammar": (2, 1000), "sampling": (2, 1000), "rejection": (2, 2, 1000),
         "tree": (4, 4096, 50), "noise": (2, 1000)})
     test_file = tmp_path / "test_tiny.py"
@@ -158,7 +152,7 @@ def test_dry_run_end_to_end_writes_json_and_markdown(gpu_check, tmp_path, monkey
     assert "[gpu-check] step 1/" in capsys.readouterr().err
 
 
-def test_a_failing_test_fails_the_check(gpu_check, tmp_path):
+def test_a_failing_test_fails_the_check(tmp_path):
     test_file = tmp_path / "test_red.py"
     test_file.write_text("def test_red():\n    assert False, 'red'\n")
     out = tmp_path / "out"
@@ -176,17 +170,17 @@ def test_logitgate_bench_gpu_runs_the_check(monkeypatch, capsys):
     monkeypatch.setattr(bench_cli.subprocess, "run", lambda cmd, **kw: calls.append((cmd, kw)) or subprocess.CompletedProcess(cmd, 0))
     assert main(["bench", "--gpu", "--device", "cpu", "--quick", "--out", "o"]) == 0
     [(cmd, kw)] = calls
-    assert cmd[1] == str(SCRIPT) and cmd[2:] == ["--out", "o", "--quick", "--device", "cpu"]
-    assert kw["env"]["PYTHONPATH"].split(":")[0] == str(SCRIPT.parents[1])  # this checkout's logitgate
+    assert cmd[1:3] == ["-m", "logitgate.bench.gpu_check"] and cmd[3:] == ["--out", "o", "--quick", "--device", "cpu"]
+    assert kw["env"]["PYTHONPATH"].split(":")[0] == str(PACKAGE_ROOT)  # this checkout's logitgate
     assert main(["bench", "--gpu", "--only", "bitmask"]) == 2
     assert "--only does not apply to --gpu" in capsys.readouterr().err
 
 
-def test_vllm_sampling_baseline_draws_only_what_the_reference_keeps(gpu_check):
+def test_vllm_sampling_baseline_draws_only_what_the_reference_keeps():
     import torch
 
-    from bench_sampling import vllm_top_k_top_p_sample  # scripts/ is on the path once gpu_check is loaded
     from logitgate.backends.reference import apply_top_k_top_p_reference
+    from logitgate.bench.sampling import vllm_top_k_top_p_sample
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 200, generator=g) * 3

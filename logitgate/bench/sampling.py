@@ -7,7 +7,7 @@
   built from the baselines (sort-based filters, torch.multinomial);
 - the first call in a fresh process (numba compile or cache load).
 
-    python scripts/bench_sampling.py [--quick] [--threads N] [--out FILE] [--plot FILE.png]
+    python -m logitgate.bench.sampling [--quick] [--threads N] [--out FILE] [--plot FILE.png]
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import torch
 
 from logitgate.backends.cpu.threads import set_thread_cap, thread_cap
 from logitgate.backends.reference import apply_top_k_top_p_reference
-from logitgate.cli.bench_harness import Progress, emit, fresh_process_seconds, plot_bars, round_robin
+from logitgate.bench.harness import Progress, emit, fresh_process_seconds, plot_bars, round_robin
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams, ops
 
 SHAPES = [(1, 128256), (8, 128256), (64, 128256), (256, 151936)]

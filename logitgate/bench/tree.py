@@ -24,7 +24,7 @@ methods: rtp_style (string keys, uint8 host mask, masked_fill, Sampler), logitga
 sample_tree_step, the default crossover), interleaved, medians; "crossover" times sparse against
 dense for rows allowing a growing fraction of the vocabulary. `--steps-only` skips the rest.
 
-    python scripts/bench_tree.py [--quick] [--steps-only] [--items N] [--xgrammar-items N] [--out FILE] [--plot FILE.png]
+    python -m logitgate.bench.tree [--quick] [--steps-only] [--items N] [--xgrammar-items N] [--out FILE] [--plot FILE.png]
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ import torch
 import logitgate
 from logitgate import TreeDFA
 from logitgate.backends.cpu.threads import set_thread_cap
-from logitgate.cli.bench_harness import Progress, emit, plot_bars, time_runs
+from logitgate.bench.harness import Progress, emit, plot_bars, time_runs
 from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams
 from logitgate.sampling.tree_sampling import sample_tree_step
 from logitgate.structured.tree.candidates import keep_only_allowed

@@ -7,7 +7,7 @@ a shared machine hits all of them alike; each timed run follows an untimed run o
 so caches are as warm as in back-to-back runs. `<impl>_spread` is the interquartile range over the
 median of that implementation's runs, a measure of that noise.
 
-    python scripts/bench_bitmask.py [--quick] [--dtypes float32,bfloat16] [--out FILE] [--plot FILE.png]
+    python -m logitgate.bench.bitmask [--quick] [--dtypes float32,bfloat16] [--out FILE] [--plot FILE.png]
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import torch
 import logitgate
 from logitgate.backends.cpu.threads import set_thread_cap
 from logitgate.backends.reference import apply_token_bitmask_reference, pack_bitmask
-from logitgate.cli.bench_harness import Progress, emit, plot_bars, round_robin
+from logitgate.bench.harness import Progress, emit, plot_bars, round_robin
 
 SHAPES = [(1, 32000), (8, 128256), (64, 128256), (256, 151936)]
 DENSITIES = [0.5, 0.01]
