@@ -16,7 +16,10 @@ from tests.helpers.stat_helpers import chisquare_pvalue
 
 
 class AllowedSet:
-    """A grammar of vLLM's interface that allows a fixed set of tokens at every step."""
+    """A grammar of vLLM's interface that allows a fixed set of tokens at every step (its
+    validate_tokens is its mask, as xgrammar's)."""
+
+    validates_as_mask = True
 
     def __init__(self, allowed):
         self.allowed = set(allowed)

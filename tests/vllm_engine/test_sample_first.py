@@ -28,7 +28,10 @@ V = 128256  # the Llama-3 tokenizer's
 
 
 class AllowedSet:
-    """A grammar of vLLM's interface that allows a fixed set of tokens at every step."""
+    """A grammar of vLLM's interface that allows a fixed set of tokens at every step (its
+    validate_tokens is its mask, as xgrammar's)."""
+
+    validates_as_mask = True
 
     def __init__(self, allowed):
         self.allowed = set(allowed)
@@ -145,6 +148,8 @@ def report_of(output):
 
 
 def test_mixed_batch_keeps_other_rows_and_reports_each_deferred_row():
+    from logitgate.integrations.vllm.sample_first import redraw
+
     logits = torch.randn(4, 64)
     logits[2, 1] = 30.0  # row 2's first draw is token 1: allowed
     grammars = [AllowedSet({7, 9}), None, AllowedSet({1}), None]  # rows 1 and 3 are not deferred
@@ -158,7 +163,9 @@ def test_mixed_batch_keeps_other_rows_and_reports_each_deferred_row():
     assert tokens[2] == 1
     outcomes = report_of(output).outcomes
     assert outcomes["r2"].how == "accepted"
-    assert outcomes["r0"].how == ("accepted" if int(logits[0].argmax()) in {7, 9} else "redrawn")
+    best = set(logits[0].topk(redraw.CANDIDATES + 1).indices.tolist())  # the first draw and the candidates after it
+    assert outcomes["r0"].how == ("accepted" if int(logits[0].argmax()) in {7, 9} else
+                                  "redrawn" if best & {7, 9} else "filled")
     assert all(o.seconds >= 0 for o in outcomes.values())
 
 
@@ -427,7 +434,8 @@ def worker_for(scheduler, logits):
     """A stand-in worker process's runner: vLLM's config of the engine, the requests it runs."""
     runner = make_runner(logits, [0.0] * logits.shape[0])
     runner.vllm_config = scheduler.manager.vllm_config
-    runner.requests = {req_id: SimpleNamespace(sampling_params=req.sampling_params) for req_id, req in scheduler.requests.items()}
+    runner.requests = {req_id: SimpleNamespace(sampling_params=req.sampling_params, output_token_ids=req.output_token_ids)
+                       for req_id, req in scheduler.requests.items()}
     runner.input_batch.req_id_to_index = {req_id: i for i, req_id in enumerate(scheduler.requests)}
     return WorkerRunner(runner)
 

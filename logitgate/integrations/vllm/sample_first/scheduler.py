@@ -97,6 +97,12 @@ def _forced(grammar: Any) -> bool:
     return matcher is not None and bool(matcher.find_jump_forward_string())
 
 
+def min_tokens_pending(params: Any, num_output_tokens: int) -> bool:
+    """Whether vLLM's min-tokens processor acts on this step's row: it reads the masked row (a
+    structured row it would leave all -inf gets its stop tokens back), so the row is filled first."""
+    return bool(getattr(params, "min_tokens", 0)) and num_output_tokens < params.min_tokens
+
+
 def _candidate(manager: Any, request: Any) -> Any:
     """The request's grammar where its row could sample first this step, else None."""
     structured = request.structured_output_request
@@ -104,6 +110,8 @@ def _candidate(manager: Any, request: Any) -> Any:
     if grammar is None or not getattr(type(grammar), "samples_first", True) or grammar.is_terminated():
         return None  # (trees say samples_first = False: their fill is a row copy)
     if not row_can_sample_first(request.sampling_params):
+        return None
+    if min_tokens_pending(request.sampling_params, request.num_output_tokens):
         return None
     bounds = getattr(manager, "_get_constraint_bounds", None)
     # Before the constraint starts (reasoning) the row is all-ones anyway: vLLM's fill handles it.
