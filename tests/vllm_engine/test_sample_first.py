@@ -212,6 +212,70 @@ def test_a_sampler_that_skips_sampler_sample_costs_the_row_not_the_engine():
     assert sample(runner, [grammar], [0.0]) == [9] and grammar.fills == 1  # masked first now
 
 
+class NotItsMask(AllowedSet):
+    """llguidance's way (vLLM's GuidanceGrammar): validate_tokens also accepts `lenient` tokens
+    (non-canonical tokenizations) that its mask excludes."""
+
+    validates_as_mask = False
+
+    def __init__(self, allowed, lenient):
+        super().__init__(allowed)
+        self.lenient = set(lenient)
+
+    def validate_tokens(self, tokens):
+        self.checks += 1
+        return [t for t in tokens[:1] if t in self.allowed | self.lenient]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_grammar_whose_validation_is_not_its_mask_is_checked_by_its_mask(temperature):
+    """Issue 36.2: the draw `o` (3) that validate_tokens accepts and the mask excludes is refused
+    and the row settled through the mask; a draw the mask allows is accepted by it."""
+    logits = torch.full((1, 64), -5.0)
+    logits[0, 3], logits[0, 40] = 40.0, 10.0  # 3 certainly first
+    grammar = NotItsMask({40, 41}, lenient={3})
+    output = make_runner(logits, [temperature]).sample_tokens(deferred_output({"r0": (grammar, temperature, 0, ())}, 2))
+    assert int(output.sampled_token_ids[0, 0]) in ({40} if temperature == 0 else {40, 41})
+    assert grammar.checks == 0 and grammar.fills == 1
+    assert report_of(output).outcomes["r0"].how == "filled"
+    logits[0, 3] = -5.0
+    logits[0, 41] = 40.0
+    output = make_runner(logits, [temperature]).sample_tokens(deferred_output({"r0": (grammar, temperature, 0, ())}, 2))
+    assert int(output.sampled_token_ids[0, 0]) == 41 and report_of(output).outcomes["r0"].how == "accepted"
+    assert grammar.checks == 0
+
+
+def test_a_row_under_min_tokens_is_filled_before_sampling():
+    """Issue 36.1: vLLM's min-tokens processor reads the masked row (it gives a structured row's stop
+    tokens back where nothing else is left), so a row under its min_tokens is masked before the
+    sampler sees it, as vLLM's; past min_tokens it samples first."""
+    logits = torch.zeros(1, 64)
+    logits[0, 3] = 5.0
+    runner = make_runner(logits, [0.0])
+    state = SimpleNamespace(sampling_params=params(temperature=0.0, min_tokens=4), output_token_ids=[7, 8, 9])
+    runner.requests = {"r0": state}
+    grammar = AllowedSet({20})
+    output = runner.sample_tokens(deferred_output({"r0": (grammar, 0.0, 0, ())}, 2))
+    assert int(output.sampled_token_ids[0, 0]) == 20 and report_of(output).outcomes["r0"].how == "filled"
+    assert grammar.fills == 1 and grammar.checks == 0
+    assert torch.isinf(runner.seen_logits[0]).sum() == 63  # the sampler (and its processors) saw the masked row
+    state.output_token_ids.append(10)  # min_tokens reached
+    output = runner.sample_tokens(deferred_output({"r0": (grammar, 0.0, 0, ())}, 2))
+    assert int(output.sampled_token_ids[0, 0]) == 20 and report_of(output).outcomes["r0"].how == "redrawn"
+    assert grammar.fills == 1 and grammar.checks == 2
+
+
+def test_a_logits_processor_that_is_not_vllms_makes_the_worker_fill():
+    """A custom processor may read the masked row (as vLLM's min-tokens does): the worker vouches
+    for no deferred row of its batch and masks them before sampling."""
+    logits = torch.randn(1, 64)
+    runner = make_runner(logits, [0.0])
+    runner.input_batch.logitsprocs = SimpleNamespace(argmax_invariant=[], non_argmax_invariant=[object()])
+    grammar = AllowedSet({8})
+    assert sample(runner, [grammar], [0.0]) == [8]
+    assert grammar.fills == 1 and grammar.checks == 0
+
+
 def params(**kwargs):
     from vllm import SamplingParams
 
@@ -367,6 +431,50 @@ def test_rows_in_a_forced_state_and_rows_that_cannot_sample_first_are_filled(tok
     assert set(out.deferred) == {"free"}
     np.testing.assert_array_equal(out[0], -1)
     assert (out[1] != -1).any() and (out[2] != -1).any()  # vLLM's fill
+    del runner
+    layout.runners.clear()
+
+
+def test_a_row_under_min_tokens_is_filled_by_the_scheduler(tokenizer):
+    """Issue 36.1: while vLLM's min-tokens processor acts on a row (it reads the masked row), the
+    scheduler fills it; from min_tokens on it may sample first."""
+    from logitgate.integrations.vllm.sample_first import layout
+
+    scheduler = Scheduler("xgrammar")
+    req = scheduler.add("r0", prefix='{"name":"')
+    runner = make_runner(torch.zeros(1, 8), [0.0])
+    runner.sample_tokens(None)
+    req.sampling_params.min_tokens = req.num_output_tokens + 1
+    assert not getattr(scheduler.fill(), "deferred", None)
+    req.sampling_params.min_tokens = req.num_output_tokens
+    assert set(scheduler.fill().deferred) == {"r0"}
+    del runner
+    layout.runners.clear()
+
+
+OK_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_a_deferred_row_takes_the_token_vllms_mask_gives_it(tokenizer, backend):
+    """Issue 36.2 with the real grammars: at the key of `{"ok": ...}` llguidance's mask allows the
+    token `ok` alone while its validate_tokens accepts `o` too; xgrammar's mask allows both. A model
+    that prefers `o` gets what vLLM's mask gives it: `ok` under llguidance, `o` under xgrammar."""
+    from logitgate.integrations.vllm.sample_first import layout
+
+    o, ok = (tokenizer.encode(text, add_special_tokens=False) for text in ("o", "ok"))
+    scheduler = Scheduler(backend)
+    scheduler.add("r0", prefix='{"', json=OK_SCHEMA)
+    grammar = scheduler.requests["r0"].structured_output_request.grammar
+    assert grammar.validate_tokens(o) == o  # both grammars accept `o` here
+    logits = torch.zeros(1, V)
+    logits[0, o[0]], logits[0, ok[0]] = 30.0, 20.0
+    runner = make_runner(logits, [0.0])
+    runner.sample_tokens(None)
+    out = scheduler.fill()
+    assert set(out.deferred) == {"r0"}
+    output = runner.sample_tokens(grammar_output(["r0"], out))
+    assert int(output.sampled_token_ids[0, 0]) == (ok if backend == "guidance" else o)[0]
     del runner
     layout.runners.clear()
 

@@ -27,7 +27,14 @@ Every logits operation vLLM applies before it samples (penalties, logit bias, ba
 token ids, min tokens, custom logits processors) is in the logits `Sampler.sample` receives, and
 the temperature acts on each logit alone; top-k, top-p, min-p and logprobs depend on the mask,
 so rows using them, and seeded rows (whose generator must draw exactly as without this
-operation), are filled as before.
+operation), are filled as before. So do rows whose logits processors read the masked row: vLLM's
+min-tokens gives a structured row's stop tokens back where the mask and its ban leave nothing, so
+a row under its min_tokens is filled first, and a batch with a processor that is not vLLM's own
+(which may read it too) is masked before sampling.
+
+"Allowed" is the mask vLLM would apply: a grammar whose validate_tokens accepts exactly what its
+mask allows (xgrammar's) checks tokens with it; any other (llguidance's accepts non-canonical
+tokenizations its mask excludes) is checked, and settled, by its filled mask (redraw.py).
 
 Whether a row samples first is decided per row and per step by the scheduler (policy.py): only
 where it is expected to cost less than filling. A row is filled first where the next characters
