@@ -250,7 +250,7 @@ def test_a_row_under_min_tokens_is_filled_before_sampling():
     tokens back where nothing else is left), so a row under its min_tokens is masked before the
     sampler sees it, as vLLM's; past min_tokens it samples first."""
     logits = torch.zeros(1, 64)
-    logits[0, 3] = 5.0
+    logits[0, 3], logits[0, 20] = 5.0, 4.0
     runner = make_runner(logits, [0.0])
     state = SimpleNamespace(sampling_params=params(temperature=0.0, min_tokens=4), output_token_ids=[7, 8, 9])
     runner.requests = {"r0": state}
@@ -472,7 +472,8 @@ def test_a_deferred_row_takes_the_token_vllms_mask_gives_it(tokenizer, backend):
     runner = make_runner(logits, [0.0])
     runner.sample_tokens(None)
     out = scheduler.fill()
-    assert set(out.deferred) == {"r0"}
+    # (xgrammar knows the key is forced: the scheduler fills it, and its mask allows `o`)
+    assert set(getattr(out, "deferred", ())) == ({"r0"} if backend == "guidance" else set())
     output = runner.sample_tokens(grammar_output(["r0"], out))
     assert int(output.sampled_token_ids[0, 0]) == (ok if backend == "guidance" else o)[0]
     del runner

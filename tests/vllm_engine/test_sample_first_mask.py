@@ -17,17 +17,19 @@ token for token as vLLM's.
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
 from ops_helpers import needs_vllm_cpu
-from server_helpers import post, running_server, vllm_serve_command
+from server_helpers import VLLM_CLI, post, running_server
 
 pytestmark = needs_vllm_cpu
 
 OK_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "name": {"type": "string", "maxLength": 12}},
              "required": ["ok", "name"]}
 CHOICE = {"choice": ["yes", "no", "maybe"]}
+NAME = "json_writer"
 PROMPTS = 4  # vLLM's benchmark client's random prompts, which the model was trained after
 
 
@@ -58,13 +60,16 @@ def serve_cases(tmp_path, backend: str, with_plugin: bool) -> dict[str, tuple[in
     env = {} if with_plugin else {"VLLM_PLUGINS": ""}
     log = tmp_path / f"server_{backend}_{'plugin' if with_plugin else 'vllm'}.log"
     out = {}
-    with running_server(log, "--model", model, "--max-model-len", "128", "--structured-outputs-config", config,
-                        command=vllm_serve_command, **env) as server:
+    def command(port: int, *extra: str) -> list[str]:  # `vllm serve MODEL` with vLLM's defaults
+        return [sys.executable, "-c", VLLM_CLI, "serve", model, "--served-model-name", NAME, "--dtype", "float32",
+                "--max-num-seqs", "8", "--max-model-len", "256", "--host", "127.0.0.1", "--port", str(port), *extra]
+
+    with running_server(log, "--structured-outputs-config", config, command=command, **env) as server:
         for name, body in cases():
             body = dict(body)
             prompt = prompts[body.pop("prompt_index")]
             status, answer = post(f"{server.url}/v1/completions", {
-                "model": model, "prompt": prompt, "max_tokens": 64, "temperature": 0, "return_token_ids": True, **body})
+                "model": NAME, "prompt": prompt, "max_tokens": 64, "temperature": 0, "return_token_ids": True, **body})
             choice = answer["choices"][0] if status == 200 else {}
             out[name] = (status, choice.get("token_ids"), choice.get("text", json.dumps(answer)))
         log_text = server.log_text()
