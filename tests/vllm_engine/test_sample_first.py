@@ -503,6 +503,24 @@ def test_no_deferral_off_the_cpu_across_processes_or_with_drafts(tokenizer, chan
     del runner
 
 
+def test_no_deferral_with_custom_logits_processors(tokenizer, caplog):
+    """A custom logits processor may read the masked row (as vLLM's min-tokens does): an engine
+    configured with one fills every row, and says so once."""
+    from logitgate.integrations.vllm.sample_first import layout
+
+    scheduler = Scheduler("xgrammar")
+    scheduler.add("r0", prefix='{"name":"')
+    runner = make_runner(torch.zeros(1, 8), [0.0])
+    runner.sample_tokens(None)
+    assert set(scheduler.fill().deferred) == {"r0"}
+    scheduler.manager.vllm_config.model_config.logits_processors = ["my_package.MyProcessor"]
+    with caplog.at_level("INFO", logger="vllm.logitgate.sample_first"):
+        assert not getattr(scheduler.fill(), "deferred", None)
+    assert any("custom logits processors" in r.getMessage() for r in caplog.records)
+    del runner
+    layout.runners.clear()
+
+
 def test_deferred_rows_travel_to_the_worker_process_with_their_entries():
     from logitgate.integrations.vllm.sample_first import DeferredRows
 

@@ -69,6 +69,11 @@ def _deferral(manager: Any, state: EngineState) -> str | None:
         state.log_once("off", logging.INFO, "logitgate sample_first: off in this engine (%s); rows are masked "
                        "before sampling, as vLLM does", why_not)
         return None
+    if getattr(getattr(manager.vllm_config, "model_config", None), "logits_processors", None):
+        # (the worker masks a batch with one before sampling; deferring would only move the fill there)
+        state.log_once("processors", logging.INFO, "logitgate sample_first: off in this engine (custom logits "
+                       "processors, which may read the masked row); rows are masked before sampling, as vLLM does")
+        return None
     if any(runner_handles_deferred(runner) for runner in list(runners)):
         return LOCAL
     if state.worker_mirrors and getattr(manager, "reasoner_cls", None) is None:
