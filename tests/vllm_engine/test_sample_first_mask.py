@@ -30,7 +30,8 @@ pytestmark = needs_vllm_cpu
 # the token `o` about 30th (the candidates a rejected row checks: 32) and `ok` far below.
 OK_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                               "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                                              "ok": {"type": "boolean"}}, "required": ["name", "age", "ok"]}
+                                              "ok": {"type": "boolean"}},
+             "required": ["name", "age", "ok"], "additionalProperties": False}
 CHOICE = {"choice": ["yes", "no", "maybe"]}
 NAME = "json_writer"
 PROMPTS = 8  # vLLM's benchmark client's random prompts, which the model was trained after
