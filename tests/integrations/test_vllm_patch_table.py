@@ -50,8 +50,8 @@ def test_tree_rows_are_required_and_kernel_rows_only_warn():
     moves the front end's admission off the event loop (admission stays in process_inputs)."""
     off_loop = {"vllm.v1.engine.async_llm.AsyncLLM.add_request"}
     assert all(row.required != (row.name in off_loop) for row in patches.TREE_PATCHES if row.op == "tree")
-    assert all(not row.required for row in patches.KERNEL_PATCHES)
-    assert patches.OPS == (*patches.KERNEL_OPS, "tree")  # the operation names, declared once
+    assert all(not row.required for row in patches.KERNEL_PATCHES + patches.FORCED_PATCHES)
+    assert patches.OPS == (*patches.KERNEL_OPS, "tree", "forced")  # the operation names, declared once
     assert {row.op for row in patches.PATCHES} == set(patches.OPS) | {FIX, ALWAYS}
 
 
