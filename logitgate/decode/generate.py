@@ -3,10 +3,13 @@ the logits and the tokens: constraints (TreeDFA, or grammars through the Structu
 sampling, and speculative decoding verified by the rejection sampler.
 
 One code path: plain decoding is speculative decoding with zero drafts. A step proposes drafts per
-sequence — the tree's forced tokens first (the unique continuation: always accepted), then a draft
-model's proposals or n-gram prompt-lookup tokens — runs the target once over every sequence plus
-its drafts, masks every draft and bonus position with the constraint, samples the bonus token, and
-verifies the drafts with `rejection_sample`. Emitted tokens follow the constrained target exactly.
+sequence — what the constraint fixes next first (structured/forced.py: a tree's unique
+continuation and the tokens a grammar's mask allows alone, always accepted; then the tokenization
+of the string a grammar fixes, e.g. `","age":`, a point-mass draft the model may still refuse by
+choosing another tokenization), then a draft model's proposals or n-gram prompt-lookup tokens —
+runs the target once over every sequence plus its drafts, masks every draft and bonus position with
+the constraint, samples the bonus token, and verifies the drafts with `rejection_sample`. Emitted
+tokens follow the constrained target exactly: a forced draft is verified like any other.
 
 A model is any callable `input_ids (B, L) int64 -> logits (B, L, V)` (or an object with `.logits`,
 as Hugging Face causal LMs return). The loop re-runs the model over whole right-padded sequences
@@ -29,6 +32,7 @@ from ..sampling.sampler import Sampler, SamplingMetadata, make_generator
 from ..sampling.spec_constraint import constrain_spec_logits
 from ..structured.bitmask import apply_token_bitmask_inplace
 from ..structured.constraint_state import GrammarConstraint, TreeConstraint, fill_constraint_rows
+from ..structured.forced import ForcedTokens
 from ..structured.manager import StructuredOutputManager
 from ..structured.tree import TreeDFA
 from ..structured.tree.prompt import warn_prompt_start
@@ -66,7 +70,9 @@ class GenerationStats:
     draft_forward_passes: int = 0
     proposed_drafts: int = 0  # draft-model and n-gram drafts (forced tokens counted apart)
     accepted_drafts: int = 0
-    forced_tokens: int = 0  # tree forced tokens emitted through verification (always accepted)
+    forced_tokens: int = 0  # mask-forced tokens emitted through verification (always accepted)
+    proposed_forced_drafts: int = 0  # string-forced drafts (a grammar's fixed string, tokenized)
+    accepted_forced_drafts: int = 0
     sequence_steps: int = 0  # sum over steps of the sequences decoded in that step
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
@@ -89,6 +95,8 @@ class GenerationStats:
             "accepted_drafts": self.accepted_drafts,
             "acceptance_rate": self.acceptance_rate,
             "forced_tokens": self.forced_tokens,
+            "proposed_forced_drafts": self.proposed_forced_drafts,
+            "accepted_forced_drafts": self.accepted_forced_drafts,
             "tokens_per_sequence_step": self.tokens_per_sequence_step,
             "seconds": dict(self.seconds),
         }
@@ -190,8 +198,11 @@ def generate(
     """Generate every request (each `params.n` times) in one batch; see the module docstring.
 
     num_speculative_tokens: drafts per step from `draft_model` or, with `ngram=n`, from prompt
-    lookup (n-gram drafts carry no probabilities: vLLM's point-mass mode). jump_forward: append a
-    tree's forced tokens as drafts (accepted with probability 1, they save target passes).
+    lookup (n-gram drafts carry no probabilities: vLLM's point-mass mode). jump_forward: append
+    what the constraint fixes next as drafts (structured/forced.py): mask-forced tokens (accepted
+    with probability 1) and a grammar's string-forced tokens (point-mass drafts, verified under the
+    mask; tokenized with the manager's `encode`; at most the manager's num_speculative_tokens
+    less num_speculative_tokens a step). Both save target passes when accepted.
     sparse_max_fraction: the tree-decode crossover (structured/tree/candidates.py): the sequences
     of a TreeDFA sample and verify over the tree's candidates (rows allowing at most this fraction
     of the vocabulary; with drafts, while the widest of the tree's rows does), in any batch: other
@@ -244,14 +255,21 @@ def generate(
     return GenerationResult(outputs, stats)
 
 
-def _propose(draft_model, active, stats, k, ngram, jump_forward, pad, device, vocab) -> tuple[list[list[int]], list[int], torch.Tensor | None]:
-    """Drafts per sequence, how many of them are forced, and draft probabilities (rows in the
-    flattened draft layout) when a draft model proposed them."""
+def _propose(draft_model, active, stats, k, ngram, jump_forward, pad, device, vocab) -> tuple[list[list[int]], list[ForcedTokens], torch.Tensor | None]:
+    """Drafts per sequence, the forced ones among them (each sequence's drafts start with its
+    ForcedTokens), and draft probabilities (rows in the flattened draft layout) when a draft model
+    proposed them."""
     budgets = [q.params.max_tokens - len(q.generated) - 1 for q in active]
     drafts: list[list[int]] = []
+    forced_per_seq: list[ForcedTokens] = []
+    speculating = k if ngram is not None or draft_model is not None else 0
     for q, budget in zip(active, budgets):
-        forced = q.constraint.forced_tokens(min(budget, MAX_FORCED_TOKENS)) if jump_forward and q.constraint else []
-        drafts.append(forced[: max(budget, 0)])
+        cap = min(budget, MAX_FORCED_TOKENS)
+        if isinstance(q.constraint, GrammarConstraint):  # the manager's bitmask takes this many drafts a row
+            cap = min(cap, q.constraint.manager.num_speculative_tokens - speculating)
+        forced = q.constraint.forced(cap) if jump_forward and q.constraint and cap > 0 else ForcedTokens()
+        forced_per_seq.append(forced)
+        drafts.append(list(forced.tokens))
     num_forced = [len(d) for d in drafts]
     if ngram is not None:
         for q, d, budget in zip(active, drafts, budgets):
@@ -263,9 +281,9 @@ def _propose(draft_model, active, stats, k, ngram, jump_forward, pad, device, vo
                 end = q.constraint.end_of(d + extra) if extra else None
                 extra = extra if end is None else extra[: end - len(d)]
             d.extend(extra)
-        return drafts, num_forced, None
+        return drafts, forced_per_seq, None
     if draft_model is None or k == 0:
-        return drafts, num_forced, None
+        return drafts, forced_per_seq, None
     probs: list[list[torch.Tensor]] = [[_one_hot(t, vocab, device) for t in d] for d in drafts]
     for _ in range(k):
         rows = [
@@ -297,7 +315,7 @@ def _propose(draft_model, active, stats, k, ngram, jump_forward, pad, device, vo
             drafts[i].append(tokens[j])
             probs[i].append(_one_hot(tokens[j], vocab, device) if greedy[j] else q[j])
     flat = [p for per_seq in probs for p in per_seq]
-    return drafts, num_forced, (torch.stack(flat) if flat else None)
+    return drafts, forced_per_seq, (torch.stack(flat) if flat else None)
 
 
 def _ended(q: _Seq, drafts: list[int]) -> bool:
@@ -336,7 +354,7 @@ def _step(model, draft_model, active, stats, sampler, k, ngram, jump_forward, pa
     rest (grammars, no constraint, trees past the crossover) through the masked dense rows."""
     stats.steps += 1
     stats.sequence_steps += len(active)
-    drafts, num_forced, draft_probs = _propose(draft_model, active, stats, k, ngram, jump_forward, pad, device, vocab)
+    drafts, forced, draft_probs = _propose(draft_model, active, stats, k, ngram, jump_forward, pad, device, vocab)
     with _Timer(stats, "target_model"):
         logits = _run(model, [q.tokens + d for q, d in zip(active, drafts)], pad, device)
     stats.target_forward_passes += 1
@@ -367,7 +385,7 @@ def _step(model, draft_model, active, stats, sampler, k, ngram, jump_forward, pa
         for i, tokens in zip(rest, _dense_step([active[i] for i in rest], [drafts[i] for i in rest], [seq_rows[i] for i in rest],
                                                sub_probs(rest), sampler, _metadata(active, rest, device), stats, device)):
             emitted[i] = tokens
-    _record(active, drafts, num_forced, emitted, stats)
+    _record(active, drafts, forced, emitted, stats)
 
 
 def _dense_step(active, drafts, seq_rows, draft_probs, sampler, metadata, stats, device) -> list[list[int]]:
@@ -388,13 +406,15 @@ def _dense_step(active, drafts, seq_rows, draft_probs, sampler, metadata, stats,
     return parse_output(out, rows.shape[-1])
 
 
-def _record(active, drafts, num_forced, emitted, stats) -> None:
+def _record(active, drafts, forced, emitted, stats) -> None:
     """Append each sequence's emitted tokens; count drafts, acceptances and forced tokens."""
-    for q, d, forced, tokens in zip(active, drafts, num_forced, emitted):
+    for q, d, f, tokens in zip(active, drafts, forced, emitted):
         accepted_drafts = min(len(tokens) - 1, len(d))
-        stats.forced_tokens += min(forced, accepted_drafts)
-        stats.proposed_drafts += len(d) - forced
-        stats.accepted_drafts += max(0, accepted_drafts - forced)
+        stats.forced_tokens += min(f.num_mask_forced, accepted_drafts)
+        stats.proposed_forced_drafts += len(f) - f.num_mask_forced
+        stats.accepted_forced_drafts += max(0, min(accepted_drafts, len(f)) - f.num_mask_forced)
+        stats.proposed_drafts += len(d) - len(f)
+        stats.accepted_drafts += max(0, accepted_drafts - len(f))
         end = q.constraint.end_of(tokens) if q.constraint is not None else None
         kept = _keep(q, tokens if end is None else tokens[:end])  # nothing after the constraint's end
         stats.tokens += len(kept)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from .bitmask import allocate_token_bitmask
+from .forced import ForcedTokens
 from .manager import StructuredOutputManager
 from .tree import TreeDFA
 from .tree.cursor import TreeCursor
@@ -14,7 +15,7 @@ from .tree.cursor import TreeCursor
 
 class TreeConstraint(TreeCursor):
     """A sequence's cursor in a TreeDFA in a decode loop, with the interface GrammarConstraint
-    shares (valid_prefix, commit, forced_tokens, end_of, is_terminated). `commit` takes the tokens
+    shares (valid_prefix, commit, forced, forced_tokens, end_of, is_terminated). `commit` takes the tokens
     the loop decided (sampled under the tree's mask): every token moves. `fork()` copies it
     (beams, n > 1)."""
 
@@ -37,8 +38,15 @@ class GrammarConstraint:
         if tokens and not self.manager.accept_tokens(self.request_id, list(tokens)):
             raise RuntimeError(f"request {self.request_id!r}: the grammar rejected sampled tokens {list(tokens)}")
 
+    def forced(self, max_len: int) -> ForcedTokens:
+        """What the grammar fixes next (StructuredOutputManager.forced): the first
+        `num_mask_forced` tokens are forced by the mask, the rest are string-forced drafts that
+        must be verified under the mask."""
+        return self.manager.forced(self.request_id, max_len)
+
     def forced_tokens(self, max_len: int) -> list[int]:
-        return []
+        """forced(max_len).tokens: proposals, not all of them safe to commit unverified."""
+        return self.forced(max_len).tokens
 
     def end_of(self, tokens: Sequence[int]) -> int | None:
         """As TreeConstraint.end_of. A grammar accepts nothing after its stop token, so it can only

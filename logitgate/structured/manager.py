@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError  # not the builtin before 3.11
 from contextlib import ExitStack, contextmanager
@@ -23,6 +23,7 @@ import torch
 
 from ..backends.formats import num_bitmask_words
 from ..checks import as_positive_int, as_token_id, is_integer, short_repr
+from .forced import ForcedTokens
 from .grammar import Grammar, GrammarBackend
 from .params import StructuredOutputsParams
 from .reasoning import EndMarker
@@ -104,6 +105,8 @@ class StructuredOutputManager:
             constraints start after the marker unless enable_in_reasoning.
         enable_in_reasoning: constrain the reasoning span too (a request's params can override it).
         compile_cache_size: compiled constraints kept for reuse (least recently used dropped first).
+        encode: the tokenizer as str -> token ids, no special tokens; `forced` tokenizes the
+            strings a grammar fixes with it (None: only tokens the mask forces are proposed).
     """
 
     def __init__(
@@ -117,6 +120,7 @@ class StructuredOutputManager:
         reasoning_end_token_ids: Sequence[int] | None = None,
         enable_in_reasoning: bool = False,
         compile_cache_size: int = 1024,
+        encode: Callable[[str], Sequence[int]] | None = None,
     ) -> None:
         vocab_size = as_positive_int(vocab_size, "vocab_size")
         if not is_integer(num_speculative_tokens) or num_speculative_tokens < 0:
@@ -126,6 +130,7 @@ class StructuredOutputManager:
         if compile_cache_size < 1:
             raise ValueError(f"compile_cache_size must be at least 1, got {compile_cache_size}")
         self.tokenizer_info = tokenizer_info
+        self.encode = encode
         self.vocab_size = vocab_size
         self.num_speculative_tokens = num_speculative_tokens
         self.enable_in_reasoning = enable_in_reasoning
@@ -383,6 +388,17 @@ class StructuredOutputManager:
         req = self._ready(request_id)
         with req.lock:
             return req.constrained and req.grammar.is_terminated()
+
+    def forced(self, request_id: str, max_tokens: int) -> ForcedTokens:
+        """What the request's constraint fixes next, at most max_tokens (structured/forced.py):
+        `tokens[:num_mask_forced]` may be committed unverified, the rest are drafts to verify.
+        Nothing inside the reasoning span, nor from a grammar that cannot say."""
+        req = self._ready(request_id)
+        with req.lock:
+            forced = getattr(req.grammar, "forced", None)
+            if not req.constrained or forced is None or max_tokens <= 0:
+                return ForcedTokens()
+            return forced(max_tokens, self.encode)
 
     def reasoning_ended(self, request_id: str) -> bool:
         """True once the request's output passed the reasoning end marker (always True without one)."""

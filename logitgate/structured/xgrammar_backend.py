@@ -16,6 +16,7 @@ import torch
 import xgrammar as xgr
 
 from .. import envs
+from .forced import ForcedTokens, xgrammar_forced_tokens
 from .grammar import BaseGrammarBackend, Grammar, TokenHistory
 from .registry import register_grammar_backend
 
@@ -94,6 +95,11 @@ class XGrammarGrammar:
 
     def is_terminated(self) -> bool:
         return self.matcher.is_terminated()
+
+    def forced(self, max_tokens: int, encode=None) -> ForcedTokens:
+        """What the grammar fixes next (structured/forced.py): mask-forced tokens, then the
+        tokenization `encode` gives of the jump-forward string (none without encode)."""
+        return xgrammar_forced_tokens(self.matcher, encode, max_tokens, vocab_size=self.vocab_size)
 
     def reset(self) -> None:
         self.matcher.reset()

@@ -23,6 +23,8 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..forced import ForcedTokens
+
 __all__ = ["TreeCursor"]
 
 _allowed_memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -170,3 +172,8 @@ class TreeCursor:
     def forced_tokens(self, max_len: int) -> list[int]:
         """The unique continuation from here (TreeDFA.forced_tokens); [] for max_len <= 0."""
         return self.tree.forced_tokens(self._states[-1], max_len) if max_len > 0 else []
+
+    def forced(self, max_tokens: int, encode=None) -> ForcedTokens:
+        """forced_tokens as structured/forced.py's ForcedTokens: all mask-forced (the tree's mask
+        allows each alone). `encode` is unused (a tree fixes tokens, not strings)."""
+        return ForcedTokens.all_mask_forced(self.forced_tokens(max_tokens))
