@@ -65,13 +65,14 @@ def greedy(path: str, backend: str, in_process: bool = True) -> dict:
         out[f"{name}_max_tokens"] = _tokens(llm.generate(
             prompts[:4], SamplingParams(max_tokens=7, temperature=0.0, structured_outputs=so), use_tqdm=False))
         out[f"{name}_min_tokens"] = _tokens(llm.generate(
-            prompts[:4], SamplingParams(max_tokens=96, min_tokens=40, temperature=0.0, structured_outputs=so),
+            prompts[:4], SamplingParams(max_tokens=96, min_tokens=12, temperature=0.0, structured_outputs=so),
             use_tqdm=False))
         out[f"{name}_stop"] = _tokens(llm.generate(
             prompts[:4], SamplingParams(max_tokens=96, temperature=0.0, stop=['":'], structured_outputs=so),
             use_tqdm=False))
-        out[f"{name}_n"] = _tokens(llm.generate(
-            prompts[:2], SamplingParams(max_tokens=96, n=2, temperature=0.0, structured_outputs=so), use_tqdm=False))
+        out[f"{name}_n_t1"] = _tokens(llm.generate(  # random: compared by validity, not token for token
+            prompts[:2], SamplingParams(max_tokens=96, n=3, temperature=1.0, top_p=0.9, structured_outputs=so),
+            use_tqdm=False))
     if os.environ.get("VLLM_PLUGINS") != "":
         tree = SamplingParams(max_tokens=8, temperature=0.0, extra_args={"tree_decode": CHECK_TREE})
         out["tree"] = _tokens(llm.generate(prompts, tree, use_tqdm=False))
