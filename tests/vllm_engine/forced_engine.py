@@ -90,7 +90,8 @@ def chi2(path: str, backend: str, in_process: bool = True) -> dict:
     prompt = _prompts(llm, 1)[0]
     outputs = llm.generate([prompt] * CHI2_SAMPLES, params, use_tqdm=False)
     counts = Counter(json.dumps(list(o.outputs[0].token_ids)) for o in outputs)
-    return {"counts": dict(counts), "routed_calls": routed_calls(), "metrics": logitgate_metrics()}
+    texts = Counter(o.outputs[0].text for o in outputs)
+    return {"counts": dict(counts), "texts": dict(texts), "routed_calls": routed_calls(), "metrics": logitgate_metrics()}
 
 
 def run_forced_scenario(scenario: str, with_logitgate: bool, model: str, backend: str, in_process: bool = True) -> dict:

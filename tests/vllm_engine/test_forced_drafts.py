@@ -9,7 +9,6 @@ them.
 """
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -65,25 +64,29 @@ def test_greedy_outputs_are_vllms_token_for_token_with_passes_saved(json_writer,
     assert _counter(on["metrics"], "forced_accepted_tree") == _counter(on["metrics"], "forced_proposed_tree") > 0
 
 
+def _homogeneity_pvalue(on: dict, off: dict, pool_below: int = 10) -> float:
+    """p-value of the chi-square test that two samples' counts come from one distribution; the
+    categories seen fewer than `pool_below` times in both together are pooled into one."""
+    from scipy import stats
+
+    keys = sorted(set(on) | set(off))
+    table = [[on.get(k, 0) for k in keys], [off.get(k, 0) for k in keys]]
+    common = [i for i in range(len(keys)) if table[0][i] + table[1][i] >= pool_below]
+    rare = [i for i in range(len(keys)) if i not in common]
+    rows = [[row[i] for i in common] + ([sum(row[i] for i in rare)] if rare else []) for row in table]
+    return float(stats.chi2_contingency(rows).pvalue) if len(rows[0]) > 1 else 1.0
+
+
 def test_t1_outputs_follow_vllms_distribution(json_writer):
     """A choice grammar whose strings share prefixes ("Europe/B..." / "Europe/P..."), T = 1, 600
     samples with forced drafts and 600 with vLLM alone: the same distribution over token sequences
-    (chi-square test of homogeneity, alpha 1e-6), and some forced drafts rejected (the test
-    exercises the rejection, not only acceptance)."""
-    from scipy import stats
-
+    and over texts (chi-square tests of homogeneity, alpha 1e-6), with many forced drafts rejected
+    (the model spreads over tokenizations: the test exercises the rejection, not only acceptance)."""
     on = run_forced_scenario("chi2", True, json_writer, "xgrammar")
     off = run_forced_scenario("chi2", False, json_writer, "xgrammar")
     assert sum(on["counts"].values()) == sum(off["counts"].values()) == CHI2_SAMPLES
-    keys = sorted(set(on["counts"]) | set(off["counts"]))
-    table = [[on["counts"].get(k, 0) for k in keys], [off["counts"].get(k, 0) for k in keys]]
-    common = [i for i, k in enumerate(keys) if table[0][i] + table[1][i] >= 10]
-    rare = [i for i in range(len(keys)) if i not in common]
-    rows = [[row[i] for i in common] + ([sum(row[i] for i in rare)] if rare else []) for row in table]
-    pvalue = stats.chi2_contingency(rows).pvalue if len(rows[0]) > 1 else 1.0
-    assert pvalue > 1e-6, (pvalue, rows)
-    texts = {json.dumps(k) for k in keys}
-    assert texts
+    assert set(on["texts"]) <= set(CHOICES) and set(off["texts"]) <= set(CHOICES)
+    assert _homogeneity_pvalue(on["counts"], off["counts"]) > 1e-6, (on["counts"], off["counts"])
+    assert _homogeneity_pvalue(on["texts"], off["texts"]) > 1e-6, (on["texts"], off["texts"])
     proposed = _counter(on["metrics"], "forced_proposed_xgrammar")
     assert proposed > _counter(on["metrics"], "forced_accepted_xgrammar") > 0
-    assert CHOICES
