@@ -5,6 +5,7 @@ BACKEND`, one RESULT line), with the plugin and forced drafts on, or with vLLM a
 
 - `greedy`: JSON-schema requests (the json_writer model's schemas), greedy, plus tree requests,
   min_tokens / max_tokens / stop-string / n cases; token ids and finish reasons;
+- `drafter`: greedy JSON-schema requests under a user's n-gram drafter;
 - `chi2`: many T = 1 samples of a small choice grammar whose strings share prefixes (so forced
   strings are proposed and sometimes rejected); the count of each output.
 """
@@ -27,14 +28,14 @@ CHI2_SAMPLES = 600
 DRAFTS = "8"
 
 
-def _engine(path: str, backend: str, in_process: bool, max_num_seqs: int = 16):
+def _engine(path: str, backend: str, in_process: bool, max_num_seqs: int = 16, **engine_args):
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if in_process:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 
     return LLM(model=path, dtype="float32", enforce_eager=True, max_num_seqs=max_num_seqs, max_model_len=512, seed=0,
-               structured_outputs_config={"backend": backend, "disable_any_whitespace": True})
+               structured_outputs_config={"backend": backend, "disable_any_whitespace": True}, **engine_args)
 
 
 def _prompts(llm, n: int) -> list[dict]:
@@ -94,6 +95,25 @@ def chi2(path: str, backend: str, in_process: bool = True) -> dict:
     return {"counts": dict(counts), "texts": dict(texts), "routed_calls": routed_calls(), "metrics": logitgate_metrics()}
 
 
+def drafter(path: str, backend: str, in_process: bool = True) -> dict:
+    """Under a user's n-gram drafter (3 tokens a step): greedy JSON-schema requests; the grammar's
+    forced tokens replace the drafter's where the grammar fixes them."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from logitgate.cli.vllm_engines import NGRAM_SPECULATIVE_CONFIG
+    from logitgate.models.json_records import SCHEMAS
+
+    llm = _engine(path, backend, in_process, speculative_config=dict(NGRAM_SPECULATIVE_CONFIG))
+    prompts = _prompts(llm, 8)
+    so = StructuredOutputsParams(json=SCHEMAS["bounded"])
+    out = {"bounded": _tokens(llm.generate(prompts, SamplingParams(max_tokens=96, temperature=0.0, structured_outputs=so),
+                                           use_tqdm=False))}
+    out["routed_calls"] = routed_calls()
+    out["metrics"] = logitgate_metrics()
+    return out
+
+
 def run_forced_scenario(scenario: str, with_logitgate: bool, model: str, backend: str, in_process: bool = True) -> dict:
     """A scenario in a fresh engine process: with the plugin and forced drafts on, or vLLM alone."""
     overrides = {"LOGITGATE_VLLM_FORCED_DRAFTS": DRAFTS,
@@ -105,5 +125,5 @@ def run_forced_scenario(scenario: str, with_logitgate: bool, model: str, backend
 
 if __name__ == "__main__":
     scenario, model, backend, in_process = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
-    result = {"greedy": greedy, "chi2": chi2}[scenario](model, backend, in_process)
+    result = {"greedy": greedy, "chi2": chi2, "drafter": drafter}[scenario](model, backend, in_process)
     print("RESULT " + json.dumps(result), flush=True)

@@ -90,3 +90,14 @@ def test_t1_outputs_follow_vllms_distribution(json_writer):
     assert _homogeneity_pvalue(on["texts"], off["texts"]) > 1e-6, (on["texts"], off["texts"])
     proposed = _counter(on["metrics"], "forced_proposed_xgrammar")
     assert proposed > _counter(on["metrics"], "forced_accepted_xgrammar") > 0
+
+
+def test_under_a_users_drafter_forced_tokens_come_first_and_outputs_stay_vllms(json_writer):
+    """With vLLM's n-gram drafter configured (3 tokens a step) on both sides: greedy outputs token for
+    token vLLM's with the same drafter, and the grammar's forced tokens replaced the drafter's for
+    the requests whose grammar fixed their next tokens."""
+    on = run_forced_scenario("drafter", True, json_writer, "xgrammar")
+    off = run_forced_scenario("drafter", False, json_writer, "xgrammar")
+    assert on["bounded"] == off["bounded"]
+    assert on["routed_calls"]["vllm.v1.core.sched.scheduler.Scheduler.update_draft_token_ids"] > 0
+    assert _counter(on["metrics"], "forced_accepted_xgrammar") > 0
