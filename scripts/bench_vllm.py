@@ -523,6 +523,9 @@ def _served_rows(model: str, backend: str, runs: dict[bool, list[dict]]) -> list
             "valid_for_schema": {"logitgate": [f"{run[name]['valid']}/{run[name]['completed']}" for run in runs[True]],
                                  "vllm": [f"{run[name]['valid']}/{run[name]['completed']}" for run in runs[False]]},
             "completed": [run[name]["completed"] for run in runs[True] + runs[False]],
+            # output tokens per request (logitgate's servers): with the forced_accepted_* counters,
+            # the decode passes per output token, 1 - accepted / (completed * mean_output_len)
+            "mean_output_len": [run[name].get("mean_output_len") for run in runs[True]],
             "errors": [e for run in runs[True] + runs[False] for e in run[name]["errors"]][:3],
             # Mean seconds per request in each phase (vLLM's /metrics), median over the servers.
             "phases_logitgate": _median_phases([run[name]["phases"] for run in runs[True]]),
