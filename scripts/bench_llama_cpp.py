@@ -14,7 +14,9 @@ Model: a tiny random Llama with the real Llama-3 tokenizer (V = 128256), written
   must be identical), gbnf_text (the items as GBNF string literals: what a llama.cpp user writes;
   it also accepts other tokenizations, so outputs may differ).
 - json: a JSON object with a product enum (the first 200 items) and a quantity: logitgate's
-  xgrammar schema vs `LlamaGrammar.from_json_schema`.
+  xgrammar schema vs `LlamaGrammar.from_json_schema`; logitgate_drafts is the skip-ahead loop on
+  a `Llama(logits_all=True)` of the same model, which also drafts the strings the grammar fixes
+  (verified, so its output equals logitgate's).
 
 Thread settings (`--threads`, each its own Llama; default: `default 1`): `default` leaves both
 `n_threads` and `n_threads_batch` to llama-cpp-python (half the cores for one-token decodes, all
@@ -194,6 +196,10 @@ def _row(name, setting, llm, constraint, methods, seconds, outputs, prompts, rou
             row[f"speedup_vs_{m}"] = row[f"{m}_ms"] / row["logitgate_ms"]
             # the processor alone in llama-cpp-python's own loop (no skip-ahead)
             row[f"processor_speedup_vs_{m}"] = row[f"{m}_ms"] / row["logitgate_processor_ms"]
+    if "logitgate_drafts" in methods:  # skip-ahead drafting the grammar's fixed strings too
+        for m in methods:
+            if m.startswith("gbnf"):
+                row[f"drafts_speedup_vs_{m}"] = row[f"{m}_ms"] / row["logitgate_drafts_ms"]
     row["examples"] = {m: runs[0]["text"] for m, runs in zip(methods, outputs)}
     return row
 
@@ -216,6 +222,11 @@ class Setting:
         self.gbnf_text = llama_cpp.LlamaGrammar.from_string(gbnf_for_strings(items), verbose=False)
         schema = json_schema(items)
         self.json = constrain(llm, json=schema, disable_any_whitespace=True)
+        # The same model with logits at every batch position: skip-ahead then also drafts the strings
+        # the grammar fixes (structured/forced.py). Its own Llama, so the other methods pay nothing for it.
+        self.drafting_llm = llama_cpp.Llama(model_path=str(path), n_ctx=512, n_batch=256, n_threads=threads,
+                                            n_threads_batch=batch, seed=0, verbose=False, logits_all=True)
+        self.json_drafting = constrain(self.drafting_llm, json=schema, disable_any_whitespace=True)
         self.gbnf_json = llama_cpp.LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
 
     def catalog_methods(self, max_tokens):
@@ -231,9 +242,65 @@ class Setting:
         llm, counter, js = self.llm, self.counter, self.json
         return {
             "logitgate": lambda p: skip_ahead_run(llm, p, js, max_tokens=48),
+            "logitgate_drafts": lambda p: skip_ahead_run(self.drafting_llm, p, self.json_drafting, max_tokens=48),
             "logitgate_processor": lambda p: completion_run(llm, counter, p, constraint=js, max_tokens=48),
             "gbnf_json": lambda p: completion_run(llm, counter, p, grammar=self.gbnf_json, max_tokens=48),
         }
+
+
+class JsonWriterSetting:
+    """The json_writer model (logitgate/models/json_writer.py, written as GGUF by
+    tiny_gguf.hf_llama_gguf): a model that writes the served benchmark's JSON records. One schema
+    (json_records.SCHEMAS) per case; logitgate constrains with the compact grammar vLLM's xgrammar
+    backend uses without free whitespace, llama.cpp with `LlamaGrammar.from_json_schema`."""
+
+    def __init__(self, llama_cpp, label, threads, batch, schema, prompts):
+        import xgrammar as xgr
+
+        from logitgate.integrations.llama_cpp import constrain
+        from logitgate.models.json_writer import json_writer_model
+        from logitgate.models.tiny_gguf import hf_llama_gguf
+
+        path = hf_llama_gguf(json_writer_model())
+        self.label, self.prompts = label, prompts
+        options = dict(model_path=str(path), n_ctx=256, n_batch=256, n_threads=threads, n_threads_batch=batch,
+                       seed=0, verbose=False)
+        self.llm = llama_cpp.Llama(**options)
+        self.drafting_llm = llama_cpp.Llama(**options, logits_all=True)
+        self.counter = DecodeCounter(self.llm)
+        compact = str(xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=(",", ":")))
+        self.json = constrain(self.llm, grammar=compact)
+        self.json_drafting = constrain(self.drafting_llm, grammar=compact)
+        self.gbnf_json = llama_cpp.LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+
+    json_methods = Setting.json_methods
+
+
+def json_writer_main(args, llama_cpp, settings_args, command, load_start) -> dict:
+    """--model json_writer: the JSON case on the json_writer model, per schema."""
+    from logitgate.cli.bench_harness import Progress, emit
+    from logitgate.models.json_records import SCHEMAS
+    from logitgate.models.json_writer import json_writer_model
+    from logitgate.models.json_writer_check import load
+    from logitgate.models.random_prompts import random_prompts
+
+    _, tok = load(json_writer_model())
+    prompts = random_prompts(tok, 2 if args.quick else len(PROMPTS), seed=0)
+    rounds = 2 if args.quick else args.rounds
+    progress = Progress(len(SCHEMAS) * (rounds + 1), "llama_cpp json_writer")
+    rows = []
+    for name, schema in SCHEMAS.items():
+        settings = [JsonWriterSetting(llama_cpp, *s, schema, prompts) for s in settings_args]
+        rows += run_case(f"json_writer {name}", [(s.label, s.llm, s.json, s.json_methods()) for s in settings],
+                         prompts, rounds, progress, 48)
+    for row in rows:
+        row["items"] = 0
+    result = {"benchmark": "llama_cpp", "command": command, "llama_cpp_python": llama_cpp.__version__,
+              "model": "json_writer", "cpu_count": os.cpu_count(),
+              "load_average": {"start": list(load_start), "end": list(os.getloadavg())}, "rows": rows}
+    emit(result, args.out)
+    print_table(result)
+    return result
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -246,6 +313,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", nargs="+", type=thread_setting, default=["default", "1"],
                         help="thread settings, each its own Llama: 'default' (llama-cpp-python's n_threads and "
                              "n_threads_batch), N (both N) or N/M (n_threads/n_threads_batch); default: default 1")
+    parser.add_argument("--model", choices=("tiny", "json_writer"), default="tiny",
+                        help="tiny: a random Llama (catalog and JSON cases); json_writer: the trained JSON model "
+                             "(the JSON case per served-benchmark schema)")
     parser.add_argument("--out")
     parser.add_argument("--plot")
     args = parser.parse_args(argv)
@@ -261,6 +331,8 @@ def main(argv: list[str] | None = None) -> dict:
         result = {"benchmark": "llama_cpp", "skipped": f"llama-cpp-python is not installed: {exc}", "rows": []}
         emit(result, args.out)
         return result
+    if args.model == "json_writer":
+        return json_writer_main(args, llama_cpp, settings_args, command, load_start)
     from logitgate.models.tiny_gguf import tiny_llama_gguf
 
     prompts_text = PROMPTS[:2] if args.quick else PROMPTS
@@ -294,7 +366,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         for row in result["rows"]:
             row["label"] = f"{row['case']}, threads {row['n_threads']}/{row['n_threads_batch']}"
-        plot_bars(result["rows"], "label", ["logitgate", "logitgate_processor", "gbnf_tokens", "gbnf_text", "gbnf_json"],
+        plot_bars(result["rows"], "label", ["logitgate", "logitgate_drafts", "logitgate_processor", "gbnf_tokens", "gbnf_text", "gbnf_json"],
                   "llama-cpp-python: logitgate vs llama.cpp GBNF (greedy)", args.plot, ylabel="ms per completion (median)",
                   subtitle="llama.cpp threads per bar group (n_threads/n_threads_batch)")
     print_table(result)
@@ -305,7 +377,7 @@ def print_table(result: dict) -> None:
     lines = ["| case | threads | method | tokens/s | ms / completion | forward passes | token agreement | same text |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in result["rows"]:
-        for m in ("logitgate", "logitgate_processor", "gbnf_tokens", "gbnf_text", "gbnf_json"):
+        for m in ("logitgate", "logitgate_drafts", "logitgate_processor", "gbnf_tokens", "gbnf_text", "gbnf_json"):
             if f"{m}_ms" in row:
                 lines.append(f"| {row['case']} ({row['items']} items) | {row['n_threads']}/{row['n_threads_batch']} | "
                              f"{m} | {row[f'{m}_tokens_per_s']:.1f} | "

@@ -113,3 +113,74 @@ def _write(config: TinyLlamaConfig, path: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def hf_llama_gguf(model_dir: str | Path, vocab: str = "llama3") -> Path:
+    """A Hugging Face Llama folder of a tiny model trained here (the json_writer model,
+    logitgate/models/json_writer.py) written as a GGUF file with `vocab`'s tokenizer, on first use,
+    next to the folder. Embedding rows past the vocabulary file's tokens (a pad token Hugging
+    Face's conversion appended) are left out: llama.cpp needs one row per token."""
+    model_dir = Path(model_dir)
+    target = model_dir / f"model-{vocab}.gguf"
+    if not target.exists():
+        partial = target.with_name(f"{target.name}.part{os.getpid()}")
+        _write_hf_llama(model_dir, vocab, partial)
+        partial.replace(target)
+    return target
+
+
+def _permute_rope(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """Hugging Face's rotary layout (halves) to llama.cpp's (interleaved pairs), per head."""
+    return weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _write_hf_llama(model_dir: Path, vocab: str, path: Path) -> None:
+    import json
+
+    import gguf
+    from safetensors.numpy import load_file
+
+    config = json.loads((model_dir / "config.json").read_text())
+    weights = load_file(str(model_dir / "model.safetensors"))
+    fields, n_vocab = _tokenizer_fields(vocab)
+    n_head, n_head_kv, e = config["num_attention_heads"], config["num_key_value_heads"], config["hidden_size"]
+    head_dim = config.get("head_dim") or e // n_head
+    rope = config.get("rope_parameters") or {}
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(f"logitgate {model_dir.name}")
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(e)
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(float(rope.get("rope_theta", config.get("rope_theta", 10000.0))))
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_vocab_size(n_vocab)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for key, value, vtype, sub in fields:
+        writer.add_key_value(key, value, vtype, sub_type=sub)
+
+    def w(name: str) -> np.ndarray:
+        return np.ascontiguousarray(weights[name].astype(np.float32))
+
+    writer.add_tensor("token_embd.weight", np.ascontiguousarray(w("model.embed_tokens.weight")[:n_vocab]))
+    if "lm_head.weight" in weights and not config.get("tie_word_embeddings", False):
+        writer.add_tensor("output.weight", np.ascontiguousarray(w("lm_head.weight")[:n_vocab]))
+    writer.add_tensor("output_norm.weight", w("model.norm.weight"))
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", w(p + "input_layernorm.weight"))
+        writer.add_tensor(f"blk.{i}.attn_q.weight", _permute_rope(w(p + "self_attn.q_proj.weight"), n_head))
+        writer.add_tensor(f"blk.{i}.attn_k.weight", _permute_rope(w(p + "self_attn.k_proj.weight"), n_head_kv))
+        writer.add_tensor(f"blk.{i}.attn_v.weight", w(p + "self_attn.v_proj.weight"))
+        writer.add_tensor(f"blk.{i}.attn_output.weight", w(p + "self_attn.o_proj.weight"))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", w(p + "post_attention_layernorm.weight"))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", w(p + "mlp.gate_proj.weight"))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", w(p + "mlp.up_proj.weight"))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", w(p + "mlp.down_proj.weight"))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

@@ -111,7 +111,8 @@ def xgrammar_forced_tokens(
     encode: str -> token ids without special tokens (the model's tokenizer); it tokenizes
     `matcher.find_jump_forward_string()` into the string-forced proposal (None: no string-forced
     tokens). vocab_size: the matcher's vocabulary size, needed to find mask-forced tokens (one
-    mask fill per token looked at; None: every token is reported string-forced, which is safe).
+    mask fill where no string is fixed and the grammar may end; None: none is reported
+    mask-forced, which is safe).
     last_token: LAST_TOKEN_RULES. Every returned token was accepted by the matcher in sequence
     (accept, then rollback), so a tokenization the grammar refuses is cut where it is refused.
     """
@@ -129,16 +130,22 @@ def xgrammar_forced_tokens(
     string_seen = False
     try:
         while len(tokens) < max_tokens and not matcher.is_terminated():
-            single = _xgrammar_only_allowed(matcher, vocab_size, scratch) if scratch is not None else None
-            if single is not None:
-                if not matcher.accept_token(single):
+            text = matcher.find_jump_forward_string() if encode is not None else ""
+            if not text:
+                # No fixed string: where the grammar may end, the mask may allow one token (the stop
+                # token after a closed JSON object). The mask is filled only there (a fill costs
+                # about what the step's own mask does): a token inside a fixed string that the mask
+                # allows alone is proposed as string-forced, which is safe (verified, accepted w.p.
+                # 1), and a single allowed token elsewhere is left to the model.
+                single = (
+                    _xgrammar_only_allowed(matcher, vocab_size, scratch)
+                    if scratch is not None and matcher.is_completed() else None
+                )
+                if single is None or not matcher.accept_token(single):
                     break
                 tokens.append(single)
                 num_mask_forced += not string_seen
                 continue
-            text = matcher.find_jump_forward_string() if encode is not None else ""
-            if not text:
-                break
             ids = [int(t) for t in encode(text)]
             dropped = last_token == "drop" and bool(ids)
             if dropped:

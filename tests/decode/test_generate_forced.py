@@ -76,8 +76,7 @@ def test_greedy_output_is_identical_with_fewer_target_passes():
     assert forced.outputs[0].token_ids == plain.outputs[0].token_ids
     assert plain.stats.proposed_forced_drafts == 0
     stats = forced.stats
-    assert stats.proposed_forced_drafts > 0 and stats.accepted_forced_drafts <= stats.proposed_forced_drafts
-    assert stats.forced_tokens >= 1  # the end token, alone in the mask at the end
+    assert 0 < stats.accepted_forced_drafts <= stats.proposed_forced_drafts
     assert stats.target_forward_passes < plain.stats.target_forward_passes
 
 

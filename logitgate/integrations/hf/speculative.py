@@ -1,8 +1,10 @@
 """Speculative decoding for Hugging Face causal LMs through logitgate's reference decode loop
 (`logitgate.generate.generate`): a draft model (or n-gram prompt lookup) proposes tokens, the
 target verifies them with the rejection sampler, constraints (a TreeDFA, or a grammar through the
-StructuredOutputManager) mask every draft and bonus position, and a tree's forced tokens are
-appended as drafts that are always accepted. Greedy output equals the target's own greedy output.
+StructuredOutputManager) mask every draft and bonus position, and what the constraint fixes next
+is drafted first (structured/forced.py): a tree's forced tokens and a grammar's mask-forced tokens
+(always accepted), and, given the tokenizer, the tokenization of the string a grammar fixes
+(verified under the mask like any draft). Greedy output equals the target's own greedy output.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ...decode.generate import GenerationStats, Request, generate
+from ...decode.generate import MAX_FORCED_TOKENS, GenerationStats, Request, generate
 from ...sampling.params import SamplingParams
 from ...structured.manager import StructuredOutputManager
 from ...structured.params import StructuredOutputsParams
@@ -195,6 +197,9 @@ def speculative_generate(
     eos_token_id / pad_token_id: default from the target's generation_config, then its config
         (the pad token falls back to the first EOS).
     max_new_tokens: default the target's generation_config.max_new_tokens, else 32.
+    jump_forward: draft what the constraint fixes next (a tree's forced tokens; a grammar's
+        mask-forced tokens, and with `tokenizer` the tokenization of its forced strings). The
+        stats count them: forced_tokens, proposed_forced_drafts, accepted_forced_drafts.
     tokenizer / draft_tokenizer: the target's tokenizer, and the draft's when it has its own. With
         them, ids from `len(tokenizer)` on are embedding-row padding: masked in both models (never
         drafted, never sampled), and a draft whose vocab_size differs from the target's only by such
@@ -233,7 +238,12 @@ def speculative_generate(
             raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got {type(structured_outputs).__name__}")
         constraint = structured_outputs
         grammar_vocab = int(tokenizer_info.vocab_size) if tokenizer_info is not None else vocab_size
-        manager = StructuredOutputManager(tokenizer_info, vocab_size=grammar_vocab, num_speculative_tokens=num_speculative_tokens, max_workers=1)
+        # Room in the grammar's bitmask for the step's drafts and the forced drafts before them.
+        room = (num_speculative_tokens if draft is not None or ngram is not None else 0) + (MAX_FORCED_TOKENS if jump_forward else 0)
+        encode = (lambda text: tokenizer.encode(text, add_special_tokens=False)) if tokenizer is not None else None
+        manager = StructuredOutputManager(
+            tokenizer_info, vocab_size=grammar_vocab, num_speculative_tokens=max(room, num_speculative_tokens), max_workers=1, encode=encode,
+        )
     params = SamplingParams(
         n=num_return_sequences, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
         max_tokens=max_new_tokens, stop_token_ids=eos_ids[1:], structured_outputs=constraint,

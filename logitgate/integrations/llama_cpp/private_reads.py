@@ -53,9 +53,16 @@ PRIVATE_READS: tuple[PrivateRead, ...] = (
     PrivateRead(LLM, "_ctx", "read",
                 "the LlamaContext LlamaSampler.sample takes (the public Llama.ctx is the bare pointer)",
                 f"as _init_sampler; {_BUMP}"),
+    PrivateRead(LLM, "_logits_all", "write",
+                "skip-ahead drafts a grammar's forced strings only when llama.cpp keeps the logits of every "
+                "position of a batch (Llama(logits_all=True)): each draft's position is sampled from its row; "
+                "cleared for batches without drafts (the prompt among them), which need their last row only, "
+                "and set again when the generation ends",
+                f"a public flag or per-token logits request in llama-cpp-python; {_BUMP}"),
     PrivateRead(LLM, "n_tokens", "write",
-                "skip-ahead keeps the KV cache of the prompt prefix shared with the last evaluation: eval() "
-                "drops the cache past n_tokens (llama-cpp-python's own generate does the same)",
+                "skip-ahead keeps the KV cache of the prompt prefix shared with the last evaluation, and cuts it "
+                "back past a refused draft: eval() drops the cache past n_tokens (llama-cpp-python's own "
+                "generate does the same)",
                 f"a public way to truncate the evaluated tokens; {_BUMP}"),
     PrivateRead("llama_cpp", "llama_model_get_vocab", "call",
                 "the vocabulary handle for the stop-token and token-bytes calls below", _C_API),

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ...structured.forced import ForcedTokens
 from .drafts import register
 from .model import LlamaModelInfo
 
@@ -250,6 +251,24 @@ class LlamaLogitsProcessor:
             if self.in_span and int(token) not in set(self._tracker.allowed()):
                 return i
         return len(drafts)
+
+    def forced(self, generated: Sequence[int], max_len: int) -> ForcedTokens:
+        """What the constraint fixes after `generated` (structured/forced.py), at most `max_len`:
+        mask-forced tokens (forced_tokens) then, for a grammar, the llama.cpp tokenization of the
+        string it fixes as drafts to verify. None outside a span; with a marker, nothing from the
+        end token on."""
+        self._sync([int(t) for t in generated])
+        if not self.in_span or max_len <= 0:
+            return ForcedTokens()
+        forced = self._tracker.forced(max_len, self._encode)
+        if self.constraint.marker is not None:
+            end = next((i for i, t in enumerate(forced.tokens) if t in self.constraint.end_ids), None)
+            if end is not None:
+                forced = forced.cut(end)
+        return forced
+
+    def _encode(self, text: str) -> list[int]:
+        return self.info.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
 
     def forced_tokens(self, generated: Sequence[int], max_len: int) -> list[int]:
         """The tokens the constraint forces after `generated` (its unique continuation inside the

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ...structured.bitmask import apply_token_bitmask_inplace, bitmask_from_token_ids
+from ...structured.forced import ForcedTokens
 from ...structured.tree import TreeDFA
 from ...structured.tree.candidates import keep_only_allowed
 
@@ -56,6 +57,10 @@ class TreeTracker:
 
     def forced_tokens(self, max_len: int) -> list[int]:
         return self.tree.forced_tokens(self.state, max_len)
+
+    def forced(self, max_len: int, encode: Any = None) -> ForcedTokens:
+        """forced_tokens, all mask-forced (a tree fixes tokens, not strings: `encode` is unused)."""
+        return ForcedTokens.all_mask_forced(self.forced_tokens(max_len))
 
     def is_finished(self) -> bool:
         return self.tree.is_finished(self.state)
@@ -126,6 +131,13 @@ class GrammarTracker:
             self.tokens.append(token)
             out.append(token)
         return out
+
+    def forced(self, max_len: int, encode: Any = None) -> ForcedTokens:
+        """What the grammar fixes next (structured/forced.py): mask-forced tokens and the
+        tokenization `encode` gives of its fixed string (drafts the caller verifies)."""
+        if self._rejected:
+            return ForcedTokens()
+        return self.grammar.forced(max_len, encode)
 
     def is_finished(self) -> bool:
         return self.grammar.is_terminated()
