@@ -142,7 +142,8 @@ def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
 
     def grammar_bitmask(self, requests, structured_output_request_ids, scheduled_spec_decode_tokens):
         state = engine_state(self)
-        where = _deferral(self, state) if structured_output_request_ids else None
+        # a batch with drafts (forced/) has a mask row per draft: filled by vLLM, none deferred
+        where = _deferral(self, state) if structured_output_request_ids and not scheduled_spec_decode_tokens else None
         backend = _backend_name(self, state) if where is not None else None
         if backend is None:
             return _timed_fill(original, self, state, requests, structured_output_request_ids, scheduled_spec_decode_tokens)
