@@ -78,7 +78,7 @@ def tree_check(llm, texts: list[str]) -> dict:
 
 
 def check(path: str, in_process: bool = True) -> dict:
-    """The engine test's scenario (test_engine_ops.py): tree requests (`tree_check`, with the
+    """The engine test's scenario (test_engine_kernels.py): tree requests (`tree_check`, with the
     plugin only), then 16 JSON requests, greedy, then temperature 1 with per-request seeds, then
     without; the outputs, the replacements' call counters (in this process only) and logitgate's
     counters (of every process of the engine)."""

@@ -198,7 +198,7 @@ def test_without_vllm_the_module_imports_over_logitgates_interface(monkeypatch):
     """Hide vllm (and any vllm module already imported) and import the integration afresh."""
     for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")] + ["vllm"]:
         monkeypatch.setitem(sys.modules, name, None)
-    for name in ("logitgate.integrations.vllm", "logitgate.integrations.vllm.processors.tree_decode"):
+    for name in ("logitgate.integrations.vllm", "logitgate.integrations.vllm.tree.logits_processor"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     monkeypatch.setattr(logitgate.integrations, "vllm", None, raising=False)
     module = importlib.import_module("logitgate.integrations.vllm")

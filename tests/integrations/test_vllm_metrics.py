@@ -3,7 +3,7 @@ table, the API's checks, and the transport across processes as vLLM starts them 
 forked children of the server's first process), read both ways vLLM serves /metrics: the default
 registry (one API server) and prometheus_client's MultiProcessCollector over
 PROMETHEUS_MULTIPROC_DIR (`--api-server-count` > 1). The real servers are tests/vllm_engine's
-(test_hostile_server.py, test_served_modes.py, test_metrics_in_process.py, test_engine_ops.py)."""
+(test_hostile_server.py, test_served_modes.py, test_metrics_in_process.py, test_engine_kernels.py)."""
 from __future__ import annotations
 
 import json

@@ -18,7 +18,7 @@ CONFIG = {"start_token_id": 40, "end_token_id": 2, "prefix_dict": {"40": [10, 11
     (None, frozenset(patches.OPS)), ("", frozenset(patches.OPS)), ("all", frozenset(patches.OPS)), ("none", frozenset()),
     ("tree", {"tree"}), (" Bitmask, sampler ", {"bitmask", "sampler"}), ("rejection,tree,", {"rejection", "tree"}),
 ])
-def test_ops_selection(value, expected):
+def test_operations_selection(value, expected):
     assert plugin.selected_ops(value) == expected
 
 

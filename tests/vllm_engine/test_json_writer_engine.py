@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.json_engine import run_scenario
-from tests.helpers.ops_helpers import needs_vllm_cpu
+from tests.helpers.vllm_runtime import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu
 

@@ -2,7 +2,7 @@
 in-process engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: the worker runs in the engine core's
 process, the API server in its own), on the demo target, one server for the module. vLLM's default
 layout is test_hostile_server.py's, several API servers test_served_modes.py's, the `LLM` program
-(one process, or vLLM's defaults) test_engine_ops.py's.
+(one process, or vLLM's defaults) test_engine_kernels.py's.
 
 Checked: every declared counter is on /metrics before any request; JSON requests, greedy and
 unseeded T=1, add one bitmask row per token they sampled, filled while the model ran; and the
@@ -17,8 +17,8 @@ import time
 import pytest
 
 from tests.helpers.json_engine import DEMO_JSON_MAX_TOKENS, DEMO_SCHEMA, STRUCTURED_OUTPUTS_CONFIG, demo_json_prompts
-from tests.helpers.ops_helpers import needs_vllm_cpu
 from tests.helpers.server_helpers import logitgate_counters, metrics_page, post, running_server
+from tests.helpers.vllm_runtime import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu
 

@@ -8,7 +8,7 @@ import importlib
 
 import pytest
 
-from tests.helpers.ops_helpers import needs_vllm_cpu, require_vllm_runtime
+from tests.helpers.vllm_runtime import needs_vllm_cpu, require_vllm_runtime
 
 pytestmark = needs_vllm_cpu
 require_vllm_runtime()

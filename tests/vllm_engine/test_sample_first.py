@@ -6,7 +6,7 @@ xgrammar and llguidance grammars over the real Llama-3 tokenizer: which rows a s
 the bitmask width of each backend, and the protocol across processes (the worker mirrors a request
 in the scheduler's backend once asked, says when it is ready, and only then gets its rows; a mirror
 that fails or falls out of step costs that request its deferral, never the engine). The real
-engines run it in test_engine_ops.py, test_hostile_server.py and test_sample_first_served.py."""
+engines run it in test_engine_kernels.py, test_hostile_server.py and test_sample_first_served.py."""
 from __future__ import annotations
 
 import gc
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers.ops_helpers import needs_vllm_cpu
+from tests.helpers.vllm_runtime import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu
 

@@ -21,8 +21,8 @@ import sys
 
 import pytest
 
-from tests.helpers.ops_helpers import needs_vllm_cpu
 from tests.helpers.server_helpers import VLLM_CLI, post, running_server
+from tests.helpers.vllm_runtime import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu
 

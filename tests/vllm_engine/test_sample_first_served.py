@@ -17,8 +17,8 @@ import re
 import pytest
 
 from tests.helpers.json_engine import build_model, model_dir
-from tests.helpers.ops_helpers import needs_vllm_cpu
 from tests.helpers.server_helpers import post, running_server
+from tests.helpers.vllm_runtime import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu
 

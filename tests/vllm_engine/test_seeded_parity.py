@@ -9,7 +9,7 @@ import torch
 
 topk_topp = pytest.importorskip("vllm.v1.sample.ops.topk_topp_sampler")
 
-from logitgate.integrations.vllm.kernels import replacements as rp  # noqa: E402
+from logitgate.integrations.vllm import kernel_replacements as rp  # noqa: E402
 
 VOCAB = 3000
 

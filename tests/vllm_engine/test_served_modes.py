@@ -42,7 +42,6 @@ from tests.helpers.json_engine import (
     demo_json_prompts,
     run_scenario,
 )
-from tests.helpers.ops_helpers import needs_vllm_cpu
 from tests.helpers.server_helpers import (
     logitgate_counters,
     metric,
@@ -52,6 +51,7 @@ from tests.helpers.server_helpers import (
     vllm_serve_command,
 )
 from tests.helpers.tree_reference import is_complete_path
+from tests.helpers.vllm_runtime import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu
 

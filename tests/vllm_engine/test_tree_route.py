@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.helpers.ops_helpers import needs_vllm_cpu
 from tests.helpers.tree_route_requests import CONFIG, EOS, V, init_grammar, manager_for, request
+from tests.helpers.vllm_runtime import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu
 
@@ -167,9 +167,9 @@ def test_without_the_tree_op_tree_requests_are_refused_unless_a_processor_serves
     with pytest.raises(ValueError, match="LOGITGATE_VLLM_OPS=.*leaves out 'tree'"):
         route._front_end_check(params, lambda: V, served=False)
     assert route._front_end_check(SamplingParams(), lambda: V, served=False) is None
-    for name in ("logitgate.integrations.vllm:TreeDecode", "logitgate.integrations.vllm.processors.tree_decode.TreeDecodeLogitsProcessor"):
+    for name in ("logitgate.integrations.vllm:TreeDecode", "logitgate.integrations.vllm.tree.logits_processor.TreeDecodeLogitsProcessor"):
         assert route._has_tree_processor(SimpleNamespace(logits_processors=[name]))
-    from logitgate.integrations.vllm.processors.tree_decode_v2 import TreeDecode
+    from logitgate.integrations.vllm.tree.logits_processor_v2 import TreeDecode
 
     assert route._has_tree_processor(SimpleNamespace(logits_processors=[TreeDecode]))
     assert not route._has_tree_processor(SimpleNamespace(logits_processors=["mypkg:TreeDecode", "x.y:Other"]))

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from logitgate.bench.served_server import SERVER_TIMEOUT_S, free_port, stop, wait_healthy
-from tests.helpers.ops_helpers import needs_vllm_cpu
 from tests.helpers.server_helpers import post
 from tests.helpers.tree_reference import is_complete_path
+from tests.helpers.vllm_runtime import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu
 

@@ -169,7 +169,7 @@ class _Row:
     def ended(self) -> bool:
         return self.dead or self.grammar.is_terminated()
 
-    def advance(self, token: int) -> None:
+    def commit(self, token: int) -> None:
         if self.ended:
             return  # tokens after the stop token (HF's padding) change nothing
         if not self.grammar.accept_tokens((token,)):
@@ -261,7 +261,7 @@ class GrammarLogitsProcessor(_HFLogitsProcessor):
     def _replay(self, tokens: Sequence[int]) -> _Row:
         row = _Row(self._template.fresh())
         for token in tokens:
-            row.advance(token)
+            row.commit(token)
         return row
 
     def _fork(self, row: _Row, prefix: tuple[int, ...]) -> _Row:
@@ -288,7 +288,7 @@ class GrammarLogitsProcessor(_HFLogitsProcessor):
                 children[parent_key] -= 1
                 parent = previous[parent_key]
                 row = parent if children[parent_key] == 0 else self._fork(parent, parent_key)
-                row.advance(key[-1])
+                row.commit(key[-1])
             elif row is None:
                 row = self._replay(key)
             current[key] = row

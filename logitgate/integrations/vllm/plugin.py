@@ -9,7 +9,7 @@ llvmlite, so logitgate's kernels load on first use.
 table (patches.OPS: `bitmask`, `sampler`, `rejection`, `fill`, `sample_first`, `tree`, `forced`); `none`;
 unset or `all` for everything. `tree` serves tree-decode requests through vLLM's structured outputs
 (tree/); without it, tree requests are refused (HTTP 400) unless a logitgate logits processor serves
-them. The others route vLLM's operations to logitgate (kernels/, fill_ahead.py, sample_first/).
+them. The others route vLLM's operations to logitgate (kernel_replacements.py, fill_ahead.py, sample_first/).
 `install` is the one door: everything the plugin changes in vLLM is a row of the patch table
 (patches.py: why, until when, and whether a vLLM without the name stops start-up or only warns),
 installed here once per process. With any operation selected, logitgate's counters join vLLM's
@@ -67,7 +67,7 @@ def install(ops: Iterable[str]) -> list[str]:
     if unknown:
         raise ValueError(f"unknown vLLM operation(s) {', '.join(unknown)}; install() takes a subset of {', '.join(OPS)}")
     if chosen & set(KERNEL_OPS):
-        from .kernels.replacements import routed_devices
+        from .kernel_replacements import routed_devices
 
         routed_devices()  # a bad LOGITGATE_VLLM_DEVICES fails here, at start-up, not mid-request
         chosen.add(patching.FIX)

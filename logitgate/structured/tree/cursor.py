@@ -123,8 +123,9 @@ class TreeCursor:
         self._states.extend(visited)
         return True
 
-    def validate(self, tokens: Sequence[int]) -> list[int]:
-        """The longest prefix of `tokens` the cursor would accept; nothing taken."""
+    def accepted_prefix(self, tokens: Sequence[int]) -> list[int]:
+        """The longest prefix of `tokens` `accept` would take (nothing after the end token); nothing
+        taken. (valid_prefix, below, is the decode loop's draft check: it counts allowed tokens.)"""
         return [int(t) for t in tokens[: len(self._take(tokens))]]
 
     def valid_prefix(self, tokens: Sequence[int]) -> int:

@@ -36,7 +36,7 @@ class TreeGrammar(TreeCursor):
         return self.accept(tokens)
 
     def validate_tokens(self, tokens: Sequence[int]) -> list[int]:
-        return self.validate(tokens)
+        return self.accepted_prefix(tokens)
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         _fill_rows(self.tree, [self.state], bitmask, [row])

@@ -15,14 +15,14 @@ def test_decided_tokens_always_move_and_proposed_ones_only_when_allowed():
     cursor = TreeCursor(TREE)
     assert cursor.walk_states([5, 6, 0]) == [TREE.root, TREE.walk([5]), TREE.walk([5, 6]), TREE.finished_state]
     assert cursor.walk_states([5, 99], vocab_size=32) == [TREE.root, TREE.walk([5]), TREE.error_state]
-    assert cursor.validate([5, 8, 6]) == [5] and cursor.valid_prefix([5, 8]) == 1 and cursor.num_tokens == 0
+    assert cursor.accepted_prefix([5, 8, 6]) == [5] and cursor.valid_prefix([5, 8]) == 1 and cursor.num_tokens == 0
     assert not cursor.accept([5, 8]) and cursor.num_tokens == 0  # all or nothing
     assert cursor.accept([5, 6]) and cursor.state == TREE.walk([5, 6])
     cursor.commit([3])  # not allowed: the error state, whose only token is the end token
     assert cursor.state == TREE.error_state and cursor.end_of([0]) == 1 and not cursor.is_terminated()
     cursor.rollback(1)
     assert cursor.state == TREE.walk([5, 6]) and cursor.forced_tokens(4) == [0]
-    assert cursor.accept([0]) and cursor.is_terminated() and cursor.validate([0]) == []  # nothing after the end
+    assert cursor.accept([0]) and cursor.is_terminated() and cursor.accepted_prefix([0]) == []  # nothing after the end
     assert cursor.valid_prefix([0]) == 1  # the decode loop's draft check: a finished state allows its end token
     with pytest.raises(ValueError, match="cannot roll back 5 tokens: only 3"):
         cursor.rollback(5)
@@ -60,8 +60,9 @@ def test_one_name_one_meaning():
     """No subclass gives a cursor's method another meaning: accept is all or nothing everywhere,
     commit takes decided tokens everywhere, and the decode loop's two constraints share commit."""
     for cls in (TreeGrammar, TreeConstraint):
-        assert all(getattr(cls, name) is getattr(TreeCursor, name) for name in ("accept", "commit", "validate"))
+        assert all(getattr(cls, name) is getattr(TreeCursor, name) for name in ("accept", "commit", "accepted_prefix", "valid_prefix"))
     assert not hasattr(TreeCursor, "advance")  # TreeDFA.advance is the batch step (tensors)
+    assert not hasattr(TreeCursor, "validate")  # accepted_prefix (what accept would take) vs valid_prefix (allowed)
     assert callable(GrammarConstraint.commit) and not hasattr(GrammarConstraint, "accept")
     constraint = TreeConstraint(TREE)
     assert not constraint.accept([5, 8]) and constraint.num_tokens == 0  # the cursor's accept, unchanged

@@ -154,7 +154,7 @@ class GrammarMirrors:
         del self._mirrors[req_id]
         metrics.add("sample_first_mirrors_dropped")
 
-    def advance(self, req_id: str, start: int, tokens: tuple[int, ...]) -> Any:
+    def catch_up(self, req_id: str, start: int, tokens: tuple[int, ...]) -> Any:
         """The mirror of `req_id` advanced to the scheduler's grammar: `tokens` are the output
         tokens from position `start` on that the scheduler's grammar accepted since it last shipped
         any. MirrorError (and the mirror dropped) where it cannot follow."""

@@ -181,7 +181,7 @@ def _resolve(deferred: dict, mirrors: GrammarMirrors | None, index: dict[str, in
             try:
                 if mirrors is None:  # the scheduler defers to mirrors only after this worker said it has them
                     raise MirrorError("this worker keeps no grammar mirrors")
-                grammar = mirrors.advance(req_id, start, tokens)
+                grammar = mirrors.catch_up(req_id, start, tokens)
             except MirrorError as err:
                 report.outcomes[req_id] = Outcome("unchecked", why=str(err))
         rows.append((index[req_id], req_id, grammar, temperature, time.perf_counter() - began))

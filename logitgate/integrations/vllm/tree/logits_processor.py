@@ -28,8 +28,8 @@ from ....checks import is_integer
 from ....sampling.processors.interface import BatchUpdate, MoveDirectionality
 from ....sampling.processors.interface import LogitsProcessor as _LogitgateLogitsProcessor
 from ....sampling.processors.tree import Tree
-from ..tree import route as tree_route
-from ..tree.args import tree_request_for
+from . import route as tree_route
+from .args import tree_request_for
 
 __all__ = ["FQCN", "VLLM_AVAILABLE", "TreeDecodeLogitsProcessor", "admit_tree_args"]
 

@@ -21,7 +21,7 @@ from tests.helpers.json_engine import (
     model_dir,
     run_scenario,
 )
-from tests.helpers.ops_helpers import require_vllm_runtime
+from tests.helpers.vllm_runtime import require_vllm_runtime
 
 require_vllm_runtime()
 

