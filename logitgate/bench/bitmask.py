@@ -21,7 +21,8 @@ import torch
 
 import logitgate
 from logitgate.backends.cpu.threads import set_thread_cap
-from logitgate.backends.reference import apply_token_bitmask_reference, pack_bitmask
+from logitgate.backends.formats import pack_bitmask
+from logitgate.backends.reference import apply_token_bitmask_reference
 from logitgate.bench.harness import Progress, emit, plot_bars, round_robin
 
 SHAPES = [(1, 32000), (8, 128256), (64, 128256), (256, 151936)]

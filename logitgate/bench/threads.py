@@ -18,7 +18,7 @@ import torch
 
 import logitgate
 from logitgate.backends.cpu.threads import safe_thread_count, set_thread_cap, usable_cores
-from logitgate.backends.reference import pack_bitmask
+from logitgate.backends.formats import pack_bitmask
 from logitgate.bench.harness import Progress, Timing, emit, plot_bars, round_robin
 
 

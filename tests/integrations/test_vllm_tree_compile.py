@@ -103,7 +103,7 @@ def test_a_large_compile_leaves_the_gil_to_other_threads():
     TreeDFA.cache_clear()
     text = trie_text(8, variant=3)
     there = _longest_gap(lambda: tree_compile.compile_tree(TreeRequest("token_trie", text, END), V, None))
-    assert here > 0.3, f"the compile here held the GIL only {here:.3f} s: too small a tree to tell"
+    assert here > 0.15, f"the compile here held the GIL only {here:.3f} s: too small a tree to tell"
     assert there < min(0.2, here / 3), (here, there)
 
 

@@ -12,7 +12,7 @@ def grammar_like_mask(batch: int, vocab: int, generator):
     digit), half allow all but a few (inside a string), so most tiles are uniform."""
     import torch
 
-    from logitgate.backends.reference import pack_bitmask
+    from logitgate.backends.formats import pack_bitmask
 
     dev = generator.device
     allowed = torch.rand(batch, vocab, device=dev, generator=generator)
@@ -23,7 +23,7 @@ def grammar_like_mask(batch: int, vocab: int, generator):
 def bench_bitmask(backend, shapes, timer: Timer, repeats: int, progress) -> list[dict]:
     import torch
 
-    from logitgate.backends.reference import pack_bitmask
+    from logitgate.backends.formats import pack_bitmask
 
     rows = []
     dev = backend.device

@@ -46,7 +46,8 @@ def rejection_equals_reference(backend, drafts, counts, target, bonus, draft_pro
     replayed from one seed (the uniforms, then the recovery noise: (B, V) Exp(1) or v2's seeds)."""
     import torch
 
-    from logitgate.backends.reference import draw_seeds, rejection_verify_reference
+    from logitgate.backends.reference import rejection_verify_reference
+    from logitgate.backends.sampling_rules import draw_seeds
     from logitgate.backends.variants import selected
     from logitgate.sampling.rejection import rejection_sample
 

@@ -13,7 +13,8 @@ SAMPLING_CASES = {  # case -> (top_k, top_p) of every row, temperature 1
 def bench_sampling(backend, shapes, timer: Timer, repeats: int, progress) -> list[dict]:
     import torch
 
-    from logitgate.backends.reference import apply_top_k_top_p_reference, exponential_race
+    from logitgate.backends.reference import apply_top_k_top_p_reference
+    from logitgate.backends.sampling_rules import exponential_race
     from logitgate.sampling import Sampler, SamplingMetadata, SamplingParams
 
     from ..sampling import vllm_top_k_top_p_sample
