@@ -73,8 +73,9 @@ def test_the_break_even_follows_the_measured_costs(fill, check, rejection, pays)
 
 
 def test_before_any_rejection_a_check_that_costs_a_fill_does_not_pay():
-    """llguidance's rows are checked by their filled mask in the worker: before any rejection is
-    measured, the break-even is already the check over the fill (at least the default)."""
+    """A row checked by its filled mask in the worker (a deferred llguidance row, which the
+    scheduler no longer defers: it is filled first) costs a fill: before any rejection is measured,
+    the break-even is already the check over the fill (at least the default)."""
     from logitgate.integrations.vllm.sample_first.policy import DEFAULT_BREAK_EVEN, Costs
 
     costs = Costs()

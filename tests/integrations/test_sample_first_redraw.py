@@ -225,11 +225,13 @@ def mask_of(allowed, vocab):
 def test_which_grammars_stand_for_their_mask_and_the_bit_of_a_token():
     from types import SimpleNamespace
 
-    assert redraw.VALIDATES_AS_MASK == {"XgrammarGrammar"}
-    assert redraw.validates_as_its_mask(type("XgrammarGrammar", (), {})())
-    assert not redraw.validates_as_its_mask(type("GuidanceGrammar", (), {})())
-    assert not redraw.validates_as_its_mask(SimpleNamespace())  # unknown: checked by its mask
-    assert redraw.validates_as_its_mask(AllowedSet({1}))
+    from logitgate.integrations.vllm import sample_first
+
+    assert sample_first.VALIDATES_AS_MASK == {"XgrammarGrammar"}
+    assert sample_first.validates_as_its_mask(type("XgrammarGrammar", (), {})())
+    assert not sample_first.validates_as_its_mask(type("GuidanceGrammar", (), {})())
+    assert not sample_first.validates_as_its_mask(SimpleNamespace())  # unknown: filled first, checked by its mask
+    assert sample_first.validates_as_its_mask(AllowedSet({1}))
     mask = mask_of({0, 31, 33, 63}, 64)
     assert [t for t in range(70) if redraw.allows(mask, t)] == [0, 31, 33, 63]
 

@@ -399,20 +399,23 @@ def test_a_step_of_only_deferred_rows_takes_its_width_from_the_grammar_backend(t
     """Issue 30.2: llguidance sizes its bitmask by the tokenizer (128257 tokens here: one word more
     than the model's 128256 logits); a bitmask sized by the model killed the engine."""
     from logitgate.integrations.vllm.sample_first import layout
+    from logitgate.integrations.vllm.sample_first.redraw import fill_masks
+    from logitgate.integrations.vllm.sample_first.scheduler import _width
 
     scheduler = Scheduler(backend)
     scheduler.add("r0", prefix='{"name":"')
     runner = make_runner(torch.zeros(1, 8), [0.0])
     runner.sample_tokens(None)  # a runner with both replacements samples in this process: "local"
     out = scheduler.fill()
-    assert set(out.deferred) == {"r0"}
-    assert out.shape[1] == scheduler.manager.backend.allocate_token_bitmask(1).shape[1]
-    expected = (len(tokenizer) + 31) // 32 if backend == "guidance" else (V + 31) // 32
-    assert out.shape[1] == expected
+    width = _width(scheduler.manager, scheduler.state)
+    assert width == scheduler.manager.backend.allocate_token_bitmask(1).shape[1]
+    assert width == ((len(tokenizer) + 31) // 32 if backend == "guidance" else (V + 31) // 32)
+    # (llguidance's rows are filled first, never deferred: vLLM's own bitmask; its width is the worker's
+    # to handle only where a deferred guidance row arrives, the safety net)
+    assert set(getattr(out, "deferred", ())) == (set() if backend == "guidance" else {"r0"})
+    assert out.shape[1] == width
     grammar = scheduler.requests["r0"].structured_output_request.grammar
-    from logitgate.integrations.vllm.sample_first.redraw import fill_masks
-
-    fill_masks([grammar], out.shape[1])  # the grammar fills a row of that width without complaint
+    fill_masks([grammar], width)  # the grammar fills a row of that width without complaint
     del runner
     layout.runners.clear()
 
@@ -433,6 +436,38 @@ def test_rows_in_a_forced_state_and_rows_that_cannot_sample_first_are_filled(tok
     assert (out[1] != -1).any() and (out[2] != -1).any()  # vLLM's fill
     del runner
     layout.runners.clear()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_an_xgrammar_row_is_deferred_and_the_same_guidance_row_is_filled_first(tokenizer, temperature):
+    """Issue 36.2's cost: only its filled mask checks a llguidance draw exactly, a fill after the
+    forward pass that the scheduler would have run beside it; so the same request, in the same state,
+    is deferred under xgrammar (validate_tokens is its mask) and filled first under llguidance: vLLM's
+    own bitmask, bit for bit, and across processes no mirror asked."""
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from logitgate.integrations.vllm.sample_first import layout, validates_as_its_mask
+
+    for backend, deferred in (("xgrammar", {"r0"}), ("guidance", set())):
+        scheduler = Scheduler(backend)
+        scheduler.add("r0", temperature=temperature, prefix='{"name":"')
+        grammar = scheduler.requests["r0"].structured_output_request.grammar
+        assert validates_as_its_mask(grammar) == (backend == "xgrammar")
+        runner = make_runner(torch.zeros(1, 8), [temperature])
+        runner.sample_tokens(None)  # local
+        out = scheduler.fill()
+        assert set(getattr(out, "deferred", ())) == deferred
+        if not deferred:
+            plain = StructuredOutputManager.grammar_bitmask(scheduler.manager, scheduler.requests, ["r0"], {})
+            np.testing.assert_array_equal(out, plain)
+        del runner
+        layout.runners.clear()
+        remote = Scheduler(backend)  # across processes: a mirror is asked for the xgrammar row alone
+        remote.add("r0", temperature=temperature, prefix='{"name":"')
+        worker = worker_for(remote, torch.zeros(1, V))
+        step(remote, worker)
+        sent, _ = step(remote, worker)
+        assert (getattr(sent, "mirror", None) or {}) == ({"r0": backend} if deferred else {})
 
 
 def test_a_row_under_min_tokens_is_filled_by_the_scheduler(tokenizer):
@@ -472,9 +507,14 @@ def test_a_deferred_row_takes_the_token_vllms_mask_gives_it(tokenizer, backend):
     runner = make_runner(logits, [0.0])
     runner.sample_tokens(None)
     out = scheduler.fill()
-    # (xgrammar knows the key is forced: the scheduler fills it, and its mask allows `o`)
-    assert set(getattr(out, "deferred", ())) == ({"r0"} if backend == "guidance" else set())
+    # Neither is deferred: xgrammar knows the key is forced, llguidance's rows are always filled first.
+    assert not getattr(out, "deferred", None)
     output = runner.sample_tokens(grammar_output(["r0"], out))
+    assert int(output.sampled_token_ids[0, 0]) == (ok if backend == "guidance" else o)[0]
+    # The worker's safety net: a deferred row of a grammar whose validation is not its mask (none
+    # arrives by the scheduler's choice) is checked by its filled mask and gets the same token.
+    width = scheduler.manager.backend.allocate_token_bitmask(1).shape[1]
+    output = runner.sample_tokens(deferred_output({"r0": (grammar, 0.0, 0, ())}, width))
     assert int(output.sampled_token_ids[0, 0]) == (ok if backend == "guidance" else o)[0]
     del runner
     layout.runners.clear()
@@ -597,6 +637,7 @@ def test_a_mirror_is_compiled_in_the_schedulers_backend_and_gets_rows_only_once_
     """Issue 30.1 and 30.5: the worker mirrors in the scheduler's backend, whatever the request
     itself named, and the scheduler fills the row until the worker reports the mirror ready (no
     step waits for a compile)."""
+    from logitgate.integrations.vllm.sample_first import DeferredRows
     from logitgate.integrations.vllm.sample_first.scheduler import row_state
 
     scheduler = Scheduler(backend)
@@ -608,7 +649,13 @@ def test_a_mirror_is_compiled_in_the_schedulers_backend_and_gets_rows_only_once_
     step(scheduler, runner)  # the worker's first output says it keeps mirrors
     assert scheduler.state.worker_mirrors
     sent, _ = step(scheduler, runner)
-    assert sent.mirror == {"r0": backend} and not sent.deferred  # asked, filled meanwhile
+    if backend == "guidance":  # its rows are filled first: no mirror is asked for them
+        assert not getattr(sent, "deferred", None) and not getattr(sent, "mirror", None)
+        # the worker still mirrors a guidance grammar it is asked for (the safety net's path)
+        out = DeferredRows.wrap(np.asarray(scheduler.fill()), {}, {"r0": backend})
+        scheduler.update(runner.sample_tokens(grammar_output(list(scheduler.requests), out)))
+    else:
+        assert sent.mirror == {"r0": backend} and not sent.deferred  # asked, filled meanwhile
     assert wait_ready(scheduler, runner, "r0") == "ready"
     mirror = runner.runner.__dict__["_logitgate_mirrors"]._mirrors["r0"][0]
     assert type(mirror).__name__ == {"xgrammar": "XgrammarGrammar", "guidance": "GuidanceGrammar"}[backend]
@@ -657,10 +704,14 @@ def test_a_complete_guidance_grammar_ends_on_its_stop_token(tokenizer, temperatu
     logits[0, eos] = 30.0
     runner = worker_for(scheduler, logits)
     step(scheduler, runner)
-    wait_ready(scheduler, runner, "r0")
     sent, output = step(scheduler, runner)
-    assert getattr(sent, "deferred", None), "the row was filled first: the stopped matcher was not exercised"
+    assert not getattr(sent, "deferred", None) and not getattr(sent, "mirror", None)  # filled first
     assert int(output.sampled_token_ids[0, 0]) == eos
+    # The worker's safety net, where a deferred row of it arrives: the stopped matcher is checked by its mask.
+    grammar = scheduler.requests["r0"].structured_output_request.grammar
+    width = scheduler.manager.backend.allocate_token_bitmask(1).shape[1]
+    local = make_runner(logits, [temperature])
+    assert int(local.sample_tokens(deferred_output({"r0": (grammar, temperature, 0, ())}, width)).sampled_token_ids[0, 0]) == eos
 
 
 def test_a_mirror_that_cannot_compile_is_reported_and_its_rows_stay_filled(tokenizer, caplog):

@@ -4,11 +4,14 @@ OpenAI server on a tiny random Llama with the real Llama-3 tokenizer, with vLLM'
 
 - The default layout (API server, engine core and worker in processes of their own): a request
   that makes vLLM's manager pick llguidance, then a greedy regex that xgrammar would have mirrored,
-  and one only llguidance supports, are all served (the worker mirrors in the scheduler's backend;
-  before, the second killed the engine); the server stays healthy.
-- The in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0): a greedy llguidance request whose rows
-  are all sampled first is served (its bitmask is one word wider than the model's logits; before,
-  llguidance refused the buffer and the engine died).
+  and one only llguidance supports, are all served (before, the second killed the engine: a mirror
+  in the request's own backend); the server stays healthy. llguidance's rows are now filled first
+  (no mirror asked); the worker's mirroring in the scheduler's backend, llguidance's included, is
+  tested directly in test_sample_first.py.
+- The in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0): greedy llguidance requests are served
+  (their bitmask is one word wider than the model's logits; before, when their rows were sampled
+  first, llguidance refused the buffer and the engine died). Their rows are now filled first; the
+  worker's handling of a deferred row of that width is tested in test_sample_first.py.
 """
 from __future__ import annotations
 
@@ -51,10 +54,11 @@ def served(server, model, structured, **body) -> str:
 
 
 def test_the_worker_mirrors_in_the_schedulers_backend(tmp_path, model):
-    """Issue 30.1: guidance first (not deferred: logprobs), then regexes the worker mirrors."""
+    """Issue 30.1: guidance first (not deferred: logprobs), then regexes in the scheduler's backend
+    (llguidance's: filled first, nothing for the worker to mirror), served without a mirror error."""
     with running_server(tmp_path / "server.log", "--model", model, "--max-model-len", "256") as server:
         assert int(served(server, model, {"json": MULTIPLE_OF_3}, logprobs=1)) % 3 == 0
-        for _ in range(3):  # the first rows are filled while the worker compiles its mirror; then sampled first
+        for _ in range(3):  # llguidance's rows: filled first, as vLLM fills them
             text = served(server, model, {"regex": r"\w{3,12}"})
             assert re.fullmatch(r"\w{3,12}", text), text
         text = served(server, model, {"regex": r"\p{L}{2,12}"})  # llguidance only
@@ -84,7 +88,8 @@ def test_the_worker_mirrors_xgrammar_after_an_ascii_request(tmp_path, model):
 
 
 def test_the_in_process_engine_sizes_deferred_rows_by_the_grammar_backend(tmp_path, model):
-    """Issue 30.2: every structured row of the step deferred, under llguidance (128257 tokens)."""
+    """Issue 30.2: llguidance's bitmask (128257 tokens) in the in-process engine: served (its rows
+    are filled first now; a deferred one's width: test_sample_first.py)."""
     with running_server(tmp_path / "server.log", "--model", model, "--max-model-len", "256",
                         VLLM_ENABLE_V1_MULTIPROCESSING="0") as server:
         for _ in range(2):

@@ -16,7 +16,7 @@ model in a part of a schema it has not learnt) stops sampling first after a row 
 below the break-even fills first for `wait` steps, then samples first once more (a probe); each
 rejected probe doubles the wait (at most MAX_WAIT), so a hopeless request spends at most one step
 in MAX_WAIT on a probe, and an accepted one halves it. Where no acceptance pays (the fill costs
-less than a check: llguidance, xgrammar's cached states) rows probe once in MAX_WAIT steps, only to
+less than a check: xgrammar's cached states) rows probe once in MAX_WAIT steps, only to
 measure again.
 
 Pure: no vLLM, no torch. The scheduler keeps one `Policy` per manager and one `RowState` per request.

@@ -14,20 +14,9 @@ from ....cores import usable_cores
 from ..fill_threads import fill_pool
 from . import SAMPLING_EPS
 
-__all__ = ["CANDIDATES", "allows", "choose_again", "fill_masks", "race_keys", "validates_as_its_mask"]
+__all__ = ["CANDIDATES", "allows", "choose_again", "fill_masks", "race_keys"]
 
 CANDIDATES = 32  # best keys a rejected row checks against its grammar before its mask is filled
-# vLLM's grammar classes whose `validate_tokens` accepts exactly the tokens their mask allows.
-# llguidance's (GuidanceGrammar) does not: it accepts non-canonical tokenizations its mask excludes
-# (at a forced key `"ok"` the mask allows the token `ok` alone, validate_tokens also `o`), and once
-# its grammar is complete it refuses the stop token its mask allows. Any other grammar is checked
-# by its mask, like llguidance's.
-VALIDATES_AS_MASK = frozenset({"XgrammarGrammar"})
-
-
-def validates_as_its_mask(grammar: Any) -> bool:
-    """Whether `grammar.validate_tokens` can stand for its mask (a class may say so itself)."""
-    return bool(getattr(type(grammar), "validates_as_mask", type(grammar).__name__ in VALIDATES_AS_MASK))
 
 
 def allows(mask: torch.Tensor, token: int) -> bool:

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import metrics
 from ..patching import mark_replacement
-from . import min_tokens_pending, row_can_sample_first
+from . import min_tokens_pending, row_can_sample_first, validates_as_its_mask
 from .layout import runner_handles_deferred, runners, why_not_one_cpu_worker
 from .policy import Policy, RowState
 from .protocol import REPORT, DeferredRows, Entry, Report
@@ -26,6 +26,7 @@ LOCAL, MIRRORED = "local", "mirrored"  # where a deferred row is checked: the sc
 _ENGINE_KEY = "_logitgate_sample_first"  # on the manager: its EngineState
 _ROW_KEY = "_logitgate_sample_first"  # on a request: its RowState
 # vLLM's grammar backends whose grammars the worker can mirror, by class: the name vLLM's manager takes.
+# (llguidance's grammars are filled first all the same: _candidate; a deferred one would be mirrored.)
 BACKENDS = {"XgrammarBackend": "xgrammar", "GuidanceBackend": "guidance"}
 
 
@@ -108,6 +109,10 @@ def _candidate(manager: Any, request: Any) -> Any:
     grammar = getattr(structured, "grammar", None)
     if grammar is None or not getattr(type(grammar), "samples_first", True) or grammar.is_terminated():
         return None  # (trees say samples_first = False: their fill is a row copy)
+    if not validates_as_its_mask(grammar):
+        # (llguidance's: only its filled mask could check a draw, after the forward pass, where this
+        # fill runs beside it: deferring never costs less. Filled first, no mirror asked.)
+        return None
     if not row_can_sample_first(request.sampling_params):
         return None
     if min_tokens_pending(request.sampling_params, request.num_output_tokens):

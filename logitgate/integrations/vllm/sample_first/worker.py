@@ -14,14 +14,14 @@ import numpy as np
 import torch
 
 from ..patching import mark_replacement
-from . import min_tokens_pending
+from . import min_tokens_pending, validates_as_its_mask
 from .layout import one_cpu_worker, runner_handles_deferred, runners
 from .mirror import GrammarMirrors, MirrorError
 from .protocol import DEFERRED_KEY as _DEFERRED_KEY
 from .protocol import MIRRORS_KEY as _MIRROR_KEY
 from .protocol import REPORT, Outcome, Report
 from .protocol import sampler_stash as _stash
-from .redraw import allows, choose_again, fill_masks, validates_as_its_mask
+from .redraw import allows, choose_again, fill_masks
 
 __all__ = ["initialize_kv_cache_replacement", "sample_replacement", "sample_tokens_replacement", "sampler_sample_replacement"]
 
@@ -252,7 +252,9 @@ def sample_replacement(original: Callable, name: str) -> Callable:
 def _masks_to_check(checked: list[tuple[int, str, Any, float, float]],
                     width: int) -> list[tuple[torch.Tensor, float] | None]:
     """Per checked row, (its filled bitmask, seconds per row) where its grammar's validate_tokens
-    cannot stand for its mask (llguidance's: redraw.VALIDATES_AS_MASK), else None."""
+    cannot stand for its mask (llguidance's: sample_first.VALIDATES_AS_MASK), else None. A safety
+    net: the scheduler fills such rows first and defers none of them (the package docstring says
+    why), but a deferred one that arrives is still checked exactly, as vLLM's mask would."""
     by_mask = [i for i, row in enumerate(checked) if not validates_as_its_mask(row[2])]
     out: list[tuple[torch.Tensor, float] | None] = [None] * len(checked)
     if by_mask:
