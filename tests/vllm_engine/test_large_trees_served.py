@@ -19,10 +19,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from admission_stall import api_server_rss_mb, stream_stall, trie_body, trie_text
 
+from logitgate.bench.served_server import post, running_server, vllm_serve_command
+from logitgate.bench.tree_admission_stall import api_server_rss_mb, stream_stall, trie_body, trie_text
 from tests.helpers.ops_helpers import needs_vllm_cpu
-from tests.helpers.server_helpers import post, running_server, vllm_serve_command
 
 pytestmark = needs_vllm_cpu
 
