@@ -12,9 +12,10 @@
     LOGITGATE_TREE_SPARSE_MAX_FRACTION  float [0, 1]              0.5                          rows allowing more of the vocabulary are sampled densely
     LOGITGATE_TREE_DIR                  path                      unset (no named trees)       directory of the tree files requests may name (vLLM)
     LOGITGATE_TREE_DECODE_CONFIG        path                      unset (no server tree)       prefix-dict file applied to every request without a tree (vLLM)
-    LOGITGATE_VLLM_OPS                  comma list                all                          what the vLLM plugin takes over: bitmask, sampler, rejection, fill, sample_first, tree; none
+    LOGITGATE_VLLM_OPS                  comma list                all                          what the vLLM plugin takes over: bitmask, sampler, rejection, fill, sample_first, tree, forced; none
     LOGITGATE_VLLM_DEVICES              comma list                cpu                          device types whose vLLM calls run on logitgate's kernels (cpu, cuda, npu)
     LOGITGATE_VLLM_SEEDED               vllm, logitgate           vllm                         who draws seeded rows and fp64-Gumbel calls in vLLM (vllm: the tokens vLLM gives per seed)
+    LOGITGATE_VLLM_FORCED_DRAFTS        int >= 0                  0 (off)                      vLLM: most tokens a request's constraint fixes that are proposed as drafts per step (0: none)
     LOGITGATE_VLLM_METRICS_DIR          path                      set by the plugin            where a vLLM server's processes leave logitgate's counters for /metrics (not for operators)
     LOGITGATE_CUDA_KERNELS              variant, op=variant list  sampling, rejection v2       CUDA kernel variant per op: current or v2, for all (v2) or per op (bitmask=v2,sampling=current,rejection=v2)
     LOGITGATE_VLLM_PYTHON               path                      this interpreter             scripts/bench_vllm.py: the interpreter with a vLLM engine
@@ -76,13 +77,16 @@ VARIABLES: dict[str, Variable] = _declare(
     Variable("LOGITGATE_TREE_DECODE_CONFIG", "path", "unset (no server tree)",
              "prefix-dict file applied to every request without a tree (vLLM)", "logitgate.integrations.vllm.tree.args"),
     Variable("LOGITGATE_VLLM_OPS", "comma list", "all",
-             "what the vLLM plugin takes over: bitmask, sampler, rejection, fill, sample_first, tree; none",
+             "what the vLLM plugin takes over: bitmask, sampler, rejection, fill, sample_first, tree, forced; none",
              "logitgate.integrations.vllm.plugin"),
     Variable("LOGITGATE_VLLM_DEVICES", "comma list", "cpu",
              "device types whose vLLM calls run on logitgate's kernels (cpu, cuda, npu)",
              "logitgate.integrations.vllm.kernels.replacements"),
     Variable("LOGITGATE_VLLM_SEEDED", "vllm, logitgate", "vllm",
              "who draws seeded rows and fp64-Gumbel calls in vLLM (vllm: the tokens vLLM gives per seed)", "logitgate.integrations.vllm.kernels.replacements"),
+    Variable("LOGITGATE_VLLM_FORCED_DRAFTS", "int >= 0", "0 (off)",
+             "vLLM: most tokens a request's constraint fixes that are proposed as drafts per step (0: none)",
+             "logitgate.integrations.vllm.forced"),
     Variable("LOGITGATE_VLLM_METRICS_DIR", "path", "set by the plugin",
              "where a vLLM server's processes leave logitgate's counters for /metrics (not for operators)",
              "logitgate.integrations.vllm.metrics"),

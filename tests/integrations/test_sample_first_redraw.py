@@ -16,7 +16,10 @@ from tests.helpers.stat_helpers import chisquare_pvalue
 
 
 class AllowedSet:
-    """A grammar of vLLM's interface that allows a fixed set of tokens at every step."""
+    """A grammar of vLLM's interface that allows a fixed set of tokens at every step (its
+    validate_tokens is its mask, as xgrammar's)."""
+
+    validates_as_mask = True
 
     def __init__(self, allowed):
         self.allowed = set(allowed)
@@ -199,3 +202,73 @@ def test_the_mask_decides_where_validate_tokens_refuses_what_it_allows(temperatu
         grammar = StoppedMatcher({eos})
         assert choose(logits, [grammar], [temperature], [eos], candidates) == [(eos, "filled")]
         assert grammar.fills == 1
+
+
+# ---- rows checked by their mask (a grammar whose validate_tokens is not its mask: llguidance's) ----
+
+
+class Lenient(AllowedSet):
+    """validate_tokens accepts every token; only the mask says what is allowed (as llguidance's
+    accepts non-canonical tokenizations its mask excludes)."""
+
+    def validate_tokens(self, tokens):
+        self.checks += 1
+        return list(tokens)
+
+
+def mask_of(allowed, vocab):
+    bitmask = torch.zeros(1, math.ceil(vocab / 32), dtype=torch.int32)
+    AllowedSet(allowed).fill_bitmask(bitmask, 0)
+    return bitmask[0]
+
+
+def test_which_grammars_stand_for_their_mask_and_the_bit_of_a_token():
+    from types import SimpleNamespace
+
+    assert redraw.VALIDATES_AS_MASK == {"XgrammarGrammar"}
+    assert redraw.validates_as_its_mask(type("XgrammarGrammar", (), {})())
+    assert not redraw.validates_as_its_mask(type("GuidanceGrammar", (), {})())
+    assert not redraw.validates_as_its_mask(SimpleNamespace())  # unknown: checked by its mask
+    assert redraw.validates_as_its_mask(AllowedSet({1}))
+    mask = mask_of({0, 31, 33, 63}, 64)
+    assert [t for t in range(70) if redraw.allows(mask, t)] == [0, 31, 33, 63]
+
+
+@pytest.mark.parametrize("temperature, candidates", [(0.0, 32), (0.8, 32), (0.8, 1)])
+def test_a_row_with_its_mask_is_settled_by_the_mask_alone(temperature, candidates):
+    """Issue 36.2: the row's filled mask is the only judge (validate_tokens, which would accept the
+    best key, is never asked and nothing is filled again); sampled rows follow the masked
+    distribution (chi-square, alpha 1e-6)."""
+    generator = torch.Generator().manual_seed(2)
+    vocab, rows, rounds = 40, 32, 150
+    row = torch.randn(vocab, generator=generator)
+    row[3] = 6.0  # the first draw, refused by the mask
+    allowed = {0, 5, 11, 17, 30}
+    mask = mask_of(allowed, vocab)
+    counts = dict.fromkeys(range(vocab), 0)
+    for _ in range(rounds if temperature else 1):
+        grammars = [Lenient(allowed) for _ in range(rows)]
+        width = math.ceil(vocab / 32)
+        chosen = redraw.choose_again(row.repeat(rows, 1), grammars, [temperature] * rows, [3] * rows, width, candidates,
+                                     generator, masks=[mask] * rows)
+        assert {how for _, how in chosen} == {"filled"}
+        assert sum(g.checks + g.fills for g in grammars) == 0
+        for token, _ in chosen:
+            counts[token] += 1
+    if not temperature:
+        assert counts[int(masked(row, allowed).argmax())] == rows
+        return
+    assert {t for t, c in counts.items() if c} <= allowed
+    probs = masked(row / temperature, allowed).double().softmax(0)
+    tokens = sorted(allowed)
+    expected = [float(probs[t]) * rows * rounds for t in tokens]
+    assert chisquare_pvalue([counts[t] for t in tokens], expected) > 1e-6
+
+
+def test_rows_with_and_without_their_mask_in_one_call():
+    logits = torch.randn(2, 64)
+    logits[:, 3] = 9.0
+    grammars = [Lenient({7, 9}), AllowedSet({2, 60})]
+    chosen = redraw.choose_again(logits.clone(), grammars, [0.0, 0.0], [3, 3], 2, masks=[mask_of({7, 9}, 64), None])
+    assert chosen[0] == (int(masked(logits[0], {7, 9}).argmax()), "filled") and grammars[0].checks == 0
+    assert chosen[1][0] == int(masked(logits[1], {2, 60}).argmax()) and grammars[1].checks > 0

@@ -53,8 +53,8 @@ def test_tree_rows_are_required_and_kernel_rows_only_warn():
     optional = {"vllm.v1.engine.async_llm.AsyncLLM.add_request",
                 "vllm.v1.structured_output.StructuredOutputManager._use_async_grammar_compilation"}
     assert all(row.required != (row.name in optional) for row in patches.TREE_PATCHES if row.op == "tree")
-    assert all(not row.required for row in patches.KERNEL_PATCHES)
-    assert patches.OPS == (*patches.KERNEL_OPS, "tree")  # the operation names, declared once
+    assert all(not row.required for row in patches.KERNEL_PATCHES + patches.FORCED_PATCHES)
+    assert patches.OPS == (*patches.KERNEL_OPS, "tree", "forced")  # the operation names, declared once
     assert {row.op for row in patches.PATCHES} == set(patches.OPS) | {FIX, ALWAYS}
 
 

@@ -28,7 +28,10 @@ V = 128256  # the Llama-3 tokenizer's
 
 
 class AllowedSet:
-    """A grammar of vLLM's interface that allows a fixed set of tokens at every step."""
+    """A grammar of vLLM's interface that allows a fixed set of tokens at every step (its
+    validate_tokens is its mask, as xgrammar's)."""
+
+    validates_as_mask = True
 
     def __init__(self, allowed):
         self.allowed = set(allowed)
@@ -145,6 +148,8 @@ def report_of(output):
 
 
 def test_mixed_batch_keeps_other_rows_and_reports_each_deferred_row():
+    from logitgate.integrations.vllm.sample_first import redraw
+
     logits = torch.randn(4, 64)
     logits[2, 1] = 30.0  # row 2's first draw is token 1: allowed
     grammars = [AllowedSet({7, 9}), None, AllowedSet({1}), None]  # rows 1 and 3 are not deferred
@@ -158,7 +163,9 @@ def test_mixed_batch_keeps_other_rows_and_reports_each_deferred_row():
     assert tokens[2] == 1
     outcomes = report_of(output).outcomes
     assert outcomes["r2"].how == "accepted"
-    assert outcomes["r0"].how == ("accepted" if int(logits[0].argmax()) in {7, 9} else "redrawn")
+    best = set(logits[0].topk(redraw.CANDIDATES + 1).indices.tolist())  # the first draw and the candidates after it
+    assert outcomes["r0"].how == ("accepted" if int(logits[0].argmax()) in {7, 9} else
+                                  "redrawn" if best & {7, 9} else "filled")
     assert all(o.seconds >= 0 for o in outcomes.values())
 
 
@@ -203,6 +210,70 @@ def test_a_sampler_that_skips_sampler_sample_costs_the_row_not_the_engine():
     outcome = report_of(output).outcomes["r0"]
     assert outcome.how == "unchecked" and "did not pass through Sampler.sample" in outcome.why
     assert sample(runner, [grammar], [0.0]) == [9] and grammar.fills == 1  # masked first now
+
+
+class NotItsMask(AllowedSet):
+    """llguidance's way (vLLM's GuidanceGrammar): validate_tokens also accepts `lenient` tokens
+    (non-canonical tokenizations) that its mask excludes."""
+
+    validates_as_mask = False
+
+    def __init__(self, allowed, lenient):
+        super().__init__(allowed)
+        self.lenient = set(lenient)
+
+    def validate_tokens(self, tokens):
+        self.checks += 1
+        return [t for t in tokens[:1] if t in self.allowed | self.lenient]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_grammar_whose_validation_is_not_its_mask_is_checked_by_its_mask(temperature):
+    """Issue 36.2: the draw `o` (3) that validate_tokens accepts and the mask excludes is refused
+    and the row settled through the mask; a draw the mask allows is accepted by it."""
+    logits = torch.full((1, 64), -5.0)
+    logits[0, 3], logits[0, 40] = 40.0, 10.0  # 3 certainly first
+    grammar = NotItsMask({40, 41}, lenient={3})
+    output = make_runner(logits, [temperature]).sample_tokens(deferred_output({"r0": (grammar, temperature, 0, ())}, 2))
+    assert int(output.sampled_token_ids[0, 0]) in ({40} if temperature == 0 else {40, 41})
+    assert grammar.checks == 0 and grammar.fills == 1
+    assert report_of(output).outcomes["r0"].how == "filled"
+    logits[0, 3] = -5.0
+    logits[0, 41] = 40.0
+    output = make_runner(logits, [temperature]).sample_tokens(deferred_output({"r0": (grammar, temperature, 0, ())}, 2))
+    assert int(output.sampled_token_ids[0, 0]) == 41 and report_of(output).outcomes["r0"].how == "accepted"
+    assert grammar.checks == 0
+
+
+def test_a_row_under_min_tokens_is_filled_before_sampling():
+    """Issue 36.1: vLLM's min-tokens processor reads the masked row (it gives a structured row's stop
+    tokens back where nothing else is left), so a row under its min_tokens is masked before the
+    sampler sees it, as vLLM's; past min_tokens it samples first."""
+    logits = torch.zeros(1, 64)
+    logits[0, 3], logits[0, 20] = 5.0, 4.0
+    runner = make_runner(logits, [0.0])
+    state = SimpleNamespace(sampling_params=params(temperature=0.0, min_tokens=4), output_token_ids=[7, 8, 9])
+    runner.requests = {"r0": state}
+    grammar = AllowedSet({20})
+    output = runner.sample_tokens(deferred_output({"r0": (grammar, 0.0, 0, ())}, 2))
+    assert int(output.sampled_token_ids[0, 0]) == 20 and report_of(output).outcomes["r0"].how == "filled"
+    assert grammar.fills == 1 and grammar.checks == 0
+    assert torch.isinf(runner.seen_logits[0]).sum() == 63  # the sampler (and its processors) saw the masked row
+    state.output_token_ids.append(10)  # min_tokens reached
+    output = runner.sample_tokens(deferred_output({"r0": (grammar, 0.0, 0, ())}, 2))
+    assert int(output.sampled_token_ids[0, 0]) == 20 and report_of(output).outcomes["r0"].how == "redrawn"
+    assert grammar.fills == 1 and grammar.checks == 2
+
+
+def test_a_logits_processor_that_is_not_vllms_makes_the_worker_fill():
+    """A custom processor may read the masked row (as vLLM's min-tokens does): the worker vouches
+    for no deferred row of its batch and masks them before sampling."""
+    logits = torch.randn(1, 64)
+    runner = make_runner(logits, [0.0])
+    runner.input_batch.logitsprocs = SimpleNamespace(argmax_invariant=[], non_argmax_invariant=[object()])
+    grammar = AllowedSet({8})
+    assert sample(runner, [grammar], [0.0]) == [8]
+    assert grammar.fills == 1 and grammar.checks == 0
 
 
 def params(**kwargs):
@@ -364,6 +435,51 @@ def test_rows_in_a_forced_state_and_rows_that_cannot_sample_first_are_filled(tok
     layout.runners.clear()
 
 
+def test_a_row_under_min_tokens_is_filled_by_the_scheduler(tokenizer):
+    """Issue 36.1: while vLLM's min-tokens processor acts on a row (it reads the masked row), the
+    scheduler fills it; from min_tokens on it may sample first."""
+    from logitgate.integrations.vllm.sample_first import layout
+
+    scheduler = Scheduler("xgrammar")
+    req = scheduler.add("r0", prefix='{"name":"')
+    runner = make_runner(torch.zeros(1, 8), [0.0])
+    runner.sample_tokens(None)
+    req.sampling_params.min_tokens = req.num_output_tokens + 1
+    assert not getattr(scheduler.fill(), "deferred", None)
+    req.sampling_params.min_tokens = req.num_output_tokens
+    assert set(scheduler.fill().deferred) == {"r0"}
+    del runner
+    layout.runners.clear()
+
+
+OK_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_a_deferred_row_takes_the_token_vllms_mask_gives_it(tokenizer, backend):
+    """Issue 36.2 with the real grammars: at the key of `{"ok": ...}` llguidance's mask allows the
+    token `ok` alone while its validate_tokens accepts `o` too; xgrammar's mask allows both. A model
+    that prefers `o` gets what vLLM's mask gives it: `ok` under llguidance, `o` under xgrammar."""
+    from logitgate.integrations.vllm.sample_first import layout
+
+    o, ok = (tokenizer.encode(text, add_special_tokens=False) for text in ("o", "ok"))
+    scheduler = Scheduler(backend)
+    scheduler.add("r0", prefix='{"', json=OK_SCHEMA)
+    grammar = scheduler.requests["r0"].structured_output_request.grammar
+    assert grammar.validate_tokens(o) == o  # both grammars accept `o` here
+    logits = torch.zeros(1, V)
+    logits[0, o[0]], logits[0, ok[0]] = 30.0, 20.0
+    runner = make_runner(logits, [0.0])
+    runner.sample_tokens(None)
+    out = scheduler.fill()
+    # (xgrammar knows the key is forced: the scheduler fills it, and its mask allows `o`)
+    assert set(getattr(out, "deferred", ())) == ({"r0"} if backend == "guidance" else set())
+    output = runner.sample_tokens(grammar_output(["r0"], out))
+    assert int(output.sampled_token_ids[0, 0]) == (ok if backend == "guidance" else o)[0]
+    del runner
+    layout.runners.clear()
+
+
 def test_tree_rows_are_filled_first(tokenizer):
     from logitgate.integrations.vllm.tree.grammar import TreeOutputGrammar
 
@@ -385,6 +501,24 @@ def test_no_deferral_off_the_cpu_across_processes_or_with_drafts(tokenizer, chan
     off = [r.getMessage() for r in caplog.records if "sample_first: off in this engine" in r.getMessage()]
     assert len(off) == 1 and reason in off[0], off
     del runner
+
+
+def test_no_deferral_with_custom_logits_processors(tokenizer, caplog):
+    """A custom logits processor may read the masked row (as vLLM's min-tokens does): an engine
+    configured with one fills every row, and says so once."""
+    from logitgate.integrations.vllm.sample_first import layout
+
+    scheduler = Scheduler("xgrammar")
+    scheduler.add("r0", prefix='{"name":"')
+    runner = make_runner(torch.zeros(1, 8), [0.0])
+    runner.sample_tokens(None)
+    assert set(scheduler.fill().deferred) == {"r0"}
+    scheduler.manager.vllm_config.model_config.logits_processors = ["my_package.MyProcessor"]
+    with caplog.at_level("INFO", logger="vllm.logitgate.sample_first"):
+        assert not getattr(scheduler.fill(), "deferred", None)
+    assert any("custom logits processors" in r.getMessage() for r in caplog.records)
+    del runner
+    layout.runners.clear()
 
 
 def test_deferred_rows_travel_to_the_worker_process_with_their_entries():
@@ -427,7 +561,8 @@ def worker_for(scheduler, logits):
     """A stand-in worker process's runner: vLLM's config of the engine, the requests it runs."""
     runner = make_runner(logits, [0.0] * logits.shape[0])
     runner.vllm_config = scheduler.manager.vllm_config
-    runner.requests = {req_id: SimpleNamespace(sampling_params=req.sampling_params) for req_id, req in scheduler.requests.items()}
+    runner.requests = {req_id: SimpleNamespace(sampling_params=req.sampling_params, output_token_ids=req.output_token_ids)
+                       for req_id, req in scheduler.requests.items()}
     runner.input_batch.req_id_to_index = {req_id: i for i, req_id in enumerate(scheduler.requests)}
     return WorkerRunner(runner)
 

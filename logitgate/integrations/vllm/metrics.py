@@ -104,6 +104,12 @@ COUNTERS: dict[str, Counter] = _declare(
     Counter("sample_first_mirrors_failed", "mirrors the worker could not build (their requests are filled by the scheduler)"),
     Counter("sample_first_mirrors_started", "grammar mirrors the worker started compiling"),
     Counter("sample_first_mirrors_dropped", "grammar mirrors the worker dropped (request finished, failed, out of step)"),
+    *(counter for backend in ("xgrammar", "guidance", "tree") for counter in (
+        Counter(f"forced_proposed_{backend}", f"forced tokens of {backend} requests proposed as drafts (forced)"),
+        Counter(f"forced_accepted_{backend}", f"forced drafts of {backend} requests the verification accepted"),
+        Counter(f"forced_passes_saved_{backend}", f"decode passes {backend} requests did not take: one per accepted "
+                                                  "forced draft"),
+    )),
 )
 
 

@@ -5,7 +5,7 @@ that would retire it; "no upstream hook" where vLLM offers no extension point fo
 whether start-up must stop without it (`required`: the tree route, whose requests would otherwise
 decode unconstrained or fail mid-flight) or may warn and leave vLLM's own in place (the kernel
 operations: vLLM's own code is a correct, slower answer). Replacement bodies live in their own
-modules: kernels/replacements.py, fill_ahead.py, sample_first/, tree/route.py.
+modules: kernels/replacements.py, fill_ahead.py, sample_first/, tree/route.py, forced/.
 
 The `op` of a row is the LOGITGATE_VLLM_OPS name that selects it; `fix` rows go with any kernel
 operation and `always` rows are installed by the plugin whatever is selected. A row's `use` says
@@ -32,12 +32,12 @@ from __future__ import annotations
 
 from .patching import ALWAYS, FIX, Patch
 
-__all__ = ["KERNEL_OPS", "KERNEL_PATCHES", "OPS", "PATCHES", "TREE_PATCHES"]
+__all__ = ["FORCED_PATCHES", "KERNEL_OPS", "KERNEL_PATCHES", "OPS", "PATCHES", "TREE_PATCHES"]
 
 # The LOGITGATE_VLLM_OPS names, declared once: the operations that route vLLM's work to logitgate,
 # and `tree`, which serves tree requests.
 KERNEL_OPS = ("bitmask", "sampler", "rejection", "fill", "sample_first")
-OPS = (*KERNEL_OPS, "tree")
+OPS = (*KERNEL_OPS, "tree", "forced")
 
 UTILS = "vllm.v1.structured_output.utils"
 TOPK_TOPP = "vllm.v1.sample.ops.topk_topp_sampler"
@@ -251,4 +251,40 @@ TREE_PATCHES: tuple[Patch, ...] = (
            "the same end token in the set vLLM's stop check reads", TREE_UNTIL, required=True),
 )
 
-PATCHES: tuple[Patch, ...] = KERNEL_PATCHES + TREE_PATCHES
+FORCED_UNTIL = ("no upstream hook: vLLM drafts only from a server-wide speculative config; a grammar-as-drafter method "
+                "upstream (vLLM #45400, #15490) would retire these rows")
+_FORCED_REQUEST = "vllm.v1.request:Request"
+
+FORCED_PATCHES: tuple[Patch, ...] = (
+    _kernel("forced", MANAGER, "accept_tokens", ".forced.scheduler:accept_tokens_replacement",
+            "after the step's tokens advance a request's grammar, the tokens the grammar fixes next become its "
+            "drafts (spec_token_ids)", FORCED_UNTIL),
+    _kernel("forced", SCHEDULER, "_update_after_schedule", ".forced.scheduler:update_after_schedule_replacement",
+            "a batch with forced drafts and no speculative config gets a bitmask with a row per draft and vLLM's "
+            "serial, draft-aware fill (its parallel fill writes one row per request): it writes the manager's "
+            "_grammar_bitmask and fill_bitmask_parallel_threshold (their write rows: `tree` and `fill`)", FORCED_UNTIL),
+    _kernel("forced", SCHEDULER, "make_spec_decoding_stats", ".forced.scheduler:make_spec_decoding_stats_replacement",
+            "counts accepted forced drafts; without a speculative config vLLM's SpecDecodingStats (sized by the "
+            "configured draft count, 0) are not made", FORCED_UNTIL),
+    _kernel("forced", SCHEDULER, "update_draft_token_ids", ".forced.scheduler:update_draft_token_ids_replacement",
+            "under a user's drafter, the grammar's forced tokens replace the drafter's where the grammar fixes them",
+            FORCED_UNTIL),
+    _kernel("forced", RUNNER, "_prepare_inputs", ".forced.worker:prepare_inputs_replacement",
+            "a batch with drafts on a runner without a speculative config computes the logits of every draft "
+            "position (vLLM's _calc_spec_decode_metadata) and is verified by the rejection sampler", FORCED_UNTIL),
+    _write("forced", _FORCED_REQUEST, "spec_token_ids", "forced.scheduler.accept_tokens_replacement",
+           "the request's forced tokens, as vLLM's drafts", FORCED_UNTIL),
+    _write("forced", _FORCED_REQUEST, "_logitgate_forced", "forced.proposals.propose",
+           "(backend, count) of the forced drafts proposed last, for the acceptance counters; " + _OURS,
+           FORCED_UNTIL, vllm_attr=False),
+    _write("forced", MANAGER, "_logitgate_forced_fill_threshold", "forced.scheduler.update_after_schedule_replacement",
+           "the parallel-fill threshold to put back; " + _OURS, FORCED_UNTIL, vllm_attr=False),
+    _write("forced", MANAGER, "_logitgate_forced_encode", "forced.scheduler._encode",
+           "the manager's tokenizer as str -> ids, for xgrammar's forced strings; " + _OURS, FORCED_UNTIL,
+           vllm_attr=False),
+    _write("forced", RUNNER, "rejection_sampler", "forced.worker._rejection_sampler",
+           "vLLM's RejectionSampler, created on the first batch with drafts on a runner without a speculative "
+           "config", FORCED_UNTIL),
+)
+
+PATCHES: tuple[Patch, ...] = KERNEL_PATCHES + TREE_PATCHES + FORCED_PATCHES

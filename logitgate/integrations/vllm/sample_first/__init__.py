@@ -27,7 +27,14 @@ Every logits operation vLLM applies before it samples (penalties, logit bias, ba
 token ids, min tokens, custom logits processors) is in the logits `Sampler.sample` receives, and
 the temperature acts on each logit alone; top-k, top-p, min-p and logprobs depend on the mask,
 so rows using them, and seeded rows (whose generator must draw exactly as without this
-operation), are filled as before.
+operation), are filled as before. So do rows whose logits processors read the masked row: vLLM's
+min-tokens gives a structured row's stop tokens back where the mask and its ban leave nothing, so
+a row under its min_tokens is filled first, and a batch with a processor that is not vLLM's own
+(which may read it too) is masked before sampling.
+
+"Allowed" is the mask vLLM would apply: a grammar whose validate_tokens accepts exactly what its
+mask allows (xgrammar's) checks tokens with it; any other (llguidance's accepts non-canonical
+tokenizations its mask excludes) is checked, and settled, by its filled mask (redraw.py).
 
 Whether a row samples first is decided per row and per step by the scheduler (policy.py): only
 where it is expected to cost less than filling. A row is filled first where the next characters
@@ -63,11 +70,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ....sampling.params import SAMPLING_EPS  # vLLM's: a temperature below it is greedy
 from .protocol import DeferredRows, Entry, Outcome, Report
 
-__all__ = ["DeferredRows", "Entry", "Outcome", "Report", "SAMPLING_EPS", "row_can_sample_first"]
+__all__ = ["DeferredRows", "Entry", "Outcome", "Report", "min_tokens_pending", "SAMPLING_EPS", "row_can_sample_first"]
 
-SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
 
 
 def row_can_sample_first(params: Any) -> bool:
@@ -78,3 +85,9 @@ def row_can_sample_first(params: Any) -> bool:
         return True
     top_k = params.top_k or 0
     return params.seed is None and top_k <= 0 and params.top_p >= 1.0 and params.min_p <= 0.0
+
+
+def min_tokens_pending(params: Any, num_output_tokens: int) -> bool:
+    """Whether vLLM's min-tokens processor acts on this step's row: it reads the masked row (a
+    structured row it would leave all -inf gets its stop tokens back), so the row is filled first."""
+    return bool(getattr(params, "min_tokens", 0)) and num_output_tokens < params.min_tokens

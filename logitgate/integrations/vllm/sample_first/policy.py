@@ -62,9 +62,11 @@ class Costs:
     def break_even(self) -> float:
         """The acceptance above which sampling first costs less than filling (module docstring);
         above 1 where even an accepted draw costs more than the fill it saves."""
-        if self.fill is None or self.rejection is None:
+        if self.fill is None:
             return DEFAULT_BREAK_EVEN
         check = self.check or 0.0
+        if self.rejection is None:  # no rejection yet: an accepted draw must at least cost less than the fill
+            return max(DEFAULT_BREAK_EVEN, check / self.fill) if self.fill > 0 else 1.0
         return (check + self.rejection) / (self.fill + self.rejection) if self.fill + self.rejection > 0 else 1.0
 
 

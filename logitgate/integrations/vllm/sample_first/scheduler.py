@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import metrics
 from ..patching import mark_replacement
-from . import row_can_sample_first
+from . import min_tokens_pending, row_can_sample_first
 from .layout import runner_handles_deferred, runners, why_not_one_cpu_worker
 from .policy import Policy, RowState
 from .protocol import REPORT, DeferredRows, Entry, Report
@@ -69,6 +69,11 @@ def _deferral(manager: Any, state: EngineState) -> str | None:
         state.log_once("off", logging.INFO, "logitgate sample_first: off in this engine (%s); rows are masked "
                        "before sampling, as vLLM does", why_not)
         return None
+    if getattr(getattr(manager.vllm_config, "model_config", None), "logits_processors", None):
+        # (the worker masks a batch with one before sampling; deferring would only move the fill there)
+        state.log_once("processors", logging.INFO, "logitgate sample_first: off in this engine (custom logits "
+                       "processors, which may read the masked row); rows are masked before sampling, as vLLM does")
+        return None
     if any(runner_handles_deferred(runner) for runner in list(runners)):
         return LOCAL
     if state.worker_mirrors and getattr(manager, "reasoner_cls", None) is None:
@@ -105,6 +110,8 @@ def _candidate(manager: Any, request: Any) -> Any:
         return None  # (trees say samples_first = False: their fill is a row copy)
     if not row_can_sample_first(request.sampling_params):
         return None
+    if min_tokens_pending(request.sampling_params, request.num_output_tokens):
+        return None
     bounds = getattr(manager, "_get_constraint_bounds", None)
     # Before the constraint starts (reasoning) the row is all-ones anyway: vLLM's fill handles it.
     return grammar if bounds is None or bounds(request, ()).constraint_start == 0 else None
@@ -135,7 +142,8 @@ def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
 
     def grammar_bitmask(self, requests, structured_output_request_ids, scheduled_spec_decode_tokens):
         state = engine_state(self)
-        where = _deferral(self, state) if structured_output_request_ids else None
+        # a batch with drafts (forced/) has a mask row per draft: filled by vLLM, none deferred
+        where = _deferral(self, state) if structured_output_request_ids and not scheduled_spec_decode_tokens else None
         backend = _backend_name(self, state) if where is not None else None
         if backend is None:
             return _timed_fill(original, self, state, requests, structured_output_request_ids, scheduled_spec_decode_tokens)

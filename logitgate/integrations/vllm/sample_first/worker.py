@@ -14,13 +14,14 @@ import numpy as np
 import torch
 
 from ..patching import mark_replacement
+from . import min_tokens_pending
 from .layout import one_cpu_worker, runner_handles_deferred, runners
 from .mirror import GrammarMirrors, MirrorError
 from .protocol import DEFERRED_KEY as _DEFERRED_KEY
 from .protocol import MIRRORS_KEY as _MIRROR_KEY
 from .protocol import REPORT, Outcome, Report
 from .protocol import sampler_stash as _stash
-from .redraw import choose_again, fill_masks
+from .redraw import allows, choose_again, fill_masks, validates_as_its_mask
 
 __all__ = ["initialize_kv_cache_replacement", "sample_replacement", "sample_tokens_replacement", "sampler_sample_replacement"]
 
@@ -111,18 +112,32 @@ def sample_tokens_replacement(original: Callable, name: str) -> Callable:
     return mark_replacement(sample_tokens, original, name)
 
 
-def _random_rows_exact(input_batch: Any) -> bool:
-    """Processors that act on random rows after the temperature (vLLM's argmax-invariant ones)
-    are not in the logits `Sampler.sample` receives: only vLLM's min-p may be among them, and
-    rows with min-p are never deferred."""
+def _processors_known(input_batch: Any) -> bool:
+    """Only vLLM's own logits processors are in the batch. Processors that act on random rows
+    after the temperature (vLLM's argmax-invariant ones) are not in the logits `Sampler.sample`
+    receives: only vLLM's min-p may be among them, and rows with min-p are never deferred. Another
+    processor may read the masked row, which a deferred row never shows it (vLLM's min-tokens does,
+    and its rows are filled first: `_reads_the_mask`)."""
     processors = getattr(input_batch, "logitsprocs", None)
-    return processors is None or all(type(p).__module__ == _BUILTIN_PROCESSORS for p in processors.argmax_invariant)
+    if processors is None:
+        return True
+    every = [*processors.argmax_invariant, *getattr(processors, "non_argmax_invariant", ())]
+    return all(type(p).__module__ == _BUILTIN_PROCESSORS for p in every)
 
 
 def _vouches(runner: Any) -> bool:
     """Whether this batch's deferred rows can sample first here: the runner's sampler keeps the
-    processed logits for a redraw, and nothing the kept logits miss acts on random rows."""
-    return runner not in _skips_sample and runner_handles_deferred(runner) and _random_rows_exact(runner.input_batch)
+    processed logits for a redraw, and no processor acts on them unseen or reads the mask."""
+    return runner not in _skips_sample and runner_handles_deferred(runner) and _processors_known(runner.input_batch)
+
+
+def _reads_the_mask(runner: Any, req_id: str) -> bool:
+    """Whether a logits processor acts on this row's masked logits this step: vLLM's min-tokens,
+    which puts a structured row's stop tokens back where the mask and its ban leave nothing (the
+    scheduler fills such rows first; this guards a row that reaches the worker anyway)."""
+    state = getattr(runner, "requests", {}).get(req_id)
+    params = getattr(state, "sampling_params", None)
+    return bool(getattr(params, "min_tokens", 0)) and min_tokens_pending(params, len(state.output_token_ids))
 
 
 def sampler_sample_replacement(original: Callable, name: str) -> Callable:
@@ -187,10 +202,17 @@ def sample_replacement(original: Callable, name: str) -> Callable:
         rows = _resolve(deferred, mirrors, self.input_batch.req_id_to_index, report)
         checked = [row for row in rows if row[2] is not None]
         if spec_decode_metadata is not None or not _vouches(self):
+            first, checked = checked, []
+        else:
+            reads = [_reads_the_mask(self, row[1]) for row in checked]
+            first = [row for row, r in zip(checked, reads) if r]
+            checked = [row for row, r in zip(checked, reads) if not r]
+        if first:
             began = time.perf_counter()
-            _mask_rows(logits, [(row, grammar) for row, _, grammar, _, _ in checked], width)  # as vLLM would
-            each = (time.perf_counter() - began) / max(len(checked), 1)
-            report.outcomes.update((req_id, Outcome("filled", each + spent)) for _, req_id, _, _, spent in checked)
+            _mask_rows(logits, [(row, grammar) for row, _, grammar, _, _ in first], width)  # as vLLM would
+            each = (time.perf_counter() - began) / len(first)
+            report.outcomes.update((req_id, Outcome("filled", each + spent)) for _, req_id, _, _, spent in first)
+        if not checked:
             return original(self, logits, spec_decode_metadata)
         _stash.rows = [row[0] for row in checked]
         try:
@@ -199,10 +221,15 @@ def sample_replacement(original: Callable, name: str) -> Callable:
         finally:
             _stash.rows = _stash.logits = None
         sampled = output.sampled_token_ids[:, 0].tolist()
+        masks = _masks_to_check(checked, width)
         rejected = []
         for i, (row, req_id, grammar, _, spent) in enumerate(checked):
             began = time.perf_counter()
-            accepted = len(grammar.validate_tokens([sampled[row]])) == 1
+            if masks[i] is None:
+                accepted = len(grammar.validate_tokens([sampled[row]])) == 1
+            else:  # the grammar's own check is not its mask: the mask vLLM would apply decides
+                accepted = allows(masks[i][0], sampled[row])
+                spent += masks[i][1]
             spent += time.perf_counter() - began
             if accepted:
                 report.outcomes[req_id] = Outcome("accepted", spent)
@@ -215,22 +242,40 @@ def sample_replacement(original: Callable, name: str) -> Callable:
                    "again under its grammar")
             report.outcomes.update((checked[i][1], Outcome("unchecked", why=why)) for i, _ in rejected)
         elif rejected:
-            _redraw(output, processed, checked, rejected, sampled, width, report)
+            _redraw(output, processed, checked, rejected, sampled, width, report,
+                    [None if masks[i] is None else masks[i][0] for i, _ in rejected])
         return output
 
     return mark_replacement(_sample, original, name)
 
 
+def _masks_to_check(checked: list[tuple[int, str, Any, float, float]],
+                    width: int) -> list[tuple[torch.Tensor, float] | None]:
+    """Per checked row, (its filled bitmask, seconds per row) where its grammar's validate_tokens
+    cannot stand for its mask (llguidance's: redraw.VALIDATES_AS_MASK), else None."""
+    by_mask = [i for i, row in enumerate(checked) if not validates_as_its_mask(row[2])]
+    out: list[tuple[torch.Tensor, float] | None] = [None] * len(checked)
+    if by_mask:
+        began = time.perf_counter()
+        bitmask = fill_masks([checked[i][2] for i in by_mask], width)
+        each = (time.perf_counter() - began) / len(by_mask)
+        for k, i in enumerate(by_mask):
+            out[i] = (bitmask[k], each)
+    return out
+
+
 def _redraw(output: Any, processed: torch.Tensor, checked: list[tuple[int, str, Any, float, float]],
-            rejected: list[tuple[int, float]], sampled: list[int], width: int, report: Report) -> None:
-    """Settle the rejected rows (`rejected`: index into `checked`, seconds so far) under their
-    grammars, in place on the sampler's output. `processed` holds the checked rows' logits, in order."""
+            rejected: list[tuple[int, float]], sampled: list[int], width: int, report: Report,
+            masks: list[torch.Tensor | None]) -> None:
+    """Settle the rejected rows (`rejected`: index into `checked`, seconds so far; `masks`: each
+    one's bitmask where already filled) under their grammars, in place on the sampler's output.
+    `processed` holds the checked rows' logits, in order."""
     began = time.perf_counter()
     picks = [i for i, _ in rejected]
     rows = [checked[i] for i in picks]
     values = processed if len(picks) == processed.shape[0] else processed[picks]  # consumed below
     chosen = choose_again(values, [row[2] for row in rows], [row[3] for row in rows],
-                          [sampled[row[0]] for row in rows], width)
+                          [sampled[row[0]] for row in rows], width, masks=masks)
     each = (time.perf_counter() - began) / len(rows)
     for (row, req_id, _, _, _), (_, spent), (token, how) in zip(rows, rejected, chosen):
         output.sampled_token_ids[row, 0] = token

@@ -1,0 +1,116 @@
+"""Which tokens a structured request proposes as forced drafts this step, and which requests
+propose none (they decode one token per pass, exactly as in vLLM).
+
+Runs in the scheduler's process (engine core), right after the step's tokens advanced the
+request's grammar (scheduler.accept_tokens_replacement). The tokens come from the constraint's own
+code (logitgate/structured/forced.py for xgrammar and llguidance, the tree cursor for trees); this
+module only says which grammar a request has, caps the count, and keeps the count of what it
+proposed for the acceptance counters.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import metrics
+
+__all__ = ["BACKENDS", "backend_of", "forced_for", "propose", "why_not_drafted"]
+
+BACKENDS = ("xgrammar", "guidance", "tree")
+MARK = "_logitgate_forced"  # on vLLM's Request: (backend, tokens) of the drafts proposed last
+
+
+def why_not_drafted(params: Any) -> str | None:
+    """None when a request's sampling parameters let its forced tokens be verified as drafts with
+    vLLM's output unchanged; else why not (the row then decodes one token per pass). Left out:
+    parameters vLLM's rejection path does not apply at draft positions as its sampler does
+    (min_p, logit_bias, allowed / bad words, penalties), logprobs (vLLM's would then come from the
+    verification pass), a seed (its generator would be drawn in another order than vLLM's: the
+    same seed would give other tokens than vLLM alone) and ignore_eos."""
+    if params is None:
+        return "no sampling parameters (pooling)"
+    checks = (
+        (params.min_p, "min_p"), (params.logit_bias, "logit_bias"), (params.allowed_token_ids, "allowed_token_ids"),
+        (params.bad_words, "bad_words"), (params.presence_penalty, "presence_penalty"),
+        (params.frequency_penalty, "frequency_penalty"), (params.repetition_penalty != 1.0, "repetition_penalty"),
+        (params.logprobs is not None, "logprobs"), (params.prompt_logprobs is not None, "prompt_logprobs"),
+        (params.seed is not None, "seed"), (params.ignore_eos, "ignore_eos"),
+    )
+    for value, name in checks:
+        if value:
+            return name
+    return None
+
+
+def backend_of(grammar: Any) -> str | None:
+    """"xgrammar", "guidance", "tree" (BACKENDS) by the grammar object vLLM's manager holds; None
+    for any other (outlines, lm-format-enforcer: not drafted)."""
+    if hasattr(grammar, "walk"):
+        return "tree"
+    if hasattr(grammar, "ll_matcher"):
+        return "guidance"
+    if hasattr(grammar, "matcher") and hasattr(grammar, "ctx"):
+        return "xgrammar"
+    return None
+
+
+def forced_for(backend: str, grammar: Any, encode: Any, limit: int) -> list[int]:
+    """At most `limit` tokens `grammar` fixes next (mask-forced first, then the canonical
+    tokenization of a forced string); the grammar is left as it was."""
+    if grammar.is_terminated():
+        return []
+    if backend == "tree":
+        return grammar.walk.forced_tokens(limit)
+    from ....structured import forced
+
+    if backend == "guidance":
+        return forced.llguidance_forced_tokens(grammar.ll_matcher, limit).tokens
+    # vocab_size=None: no mask fill per looked-at token (a 128k-token fill costs more than the
+    # pass it could save); every token is proposed as a draft and verified under its mask.
+    return forced.xgrammar_forced_tokens(grammar.matcher, encode, limit).tokens
+
+
+def _limit(request: Any, drafts: int, max_model_len: int, spec_tokens: int) -> int:
+    """Drafts worth proposing: none past max_tokens or the model's length (the bonus token of the
+    pass takes one more), at most the runner's draft slots under a user's drafter."""
+    params = request.sampling_params
+    left = min(params.max_tokens - request.num_output_tokens if params.max_tokens is not None else drafts,
+               max_model_len - request.num_tokens) - 1
+    if spec_tokens:
+        left = min(left, spec_tokens)
+    return max(0, min(drafts, left))
+
+
+def propose(manager: Any, request: Any, drafts: int, encode: Any) -> list[int]:
+    """The forced tokens `request` proposes for its next step (written to its spec_token_ids by
+    the caller), counted as proposed for its backend; [] when it proposes none."""
+    request.__dict__.pop(MARK, None)
+    structured = request.structured_output_request
+    if structured is None or request.is_finished() or why_not_drafted(request.sampling_params):
+        return []
+    params = request.sampling_params
+    if request.num_output_tokens < params.min_tokens:
+        return []  # vLLM bans stop tokens until then, outside the grammar's mask
+    if manager.reasoner_cls is not None and not structured.reasoning_ended:
+        return []
+    grammar = structured.grammar
+    backend = backend_of(grammar)
+    if backend is None:
+        return []
+    config = manager.vllm_config
+    limit = _limit(request, drafts, config.model_config.max_model_len, config.num_speculative_tokens)
+    tokens = forced_for(backend, grammar, encode, limit) if limit > 0 else []
+    if tokens:
+        setattr(request, MARK, (backend, len(tokens)))
+        metrics.add(f"forced_proposed_{backend}", len(tokens))
+    return tokens
+
+
+def count_verified(request: Any, num_drafts: int, num_accepted: int) -> None:
+    """The outcome of `request`'s forced drafts in the step that verified them: accepted drafts are
+    decode passes saved."""
+    mark = request.__dict__.pop(MARK, None) if request is not None else None
+    if mark is None or num_drafts <= 0:
+        return
+    backend = mark[0]
+    metrics.add(f"forced_accepted_{backend}", num_accepted)
+    metrics.add(f"forced_passes_saved_{backend}", num_accepted)

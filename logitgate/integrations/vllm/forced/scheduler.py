@@ -1,0 +1,132 @@
+"""The scheduler's side of forced drafts (engine core): proposing them, making room for their mask
+rows, and counting their outcome. Replacement bodies of the `forced` rows of patches.py.
+
+- StructuredOutputManager.accept_tokens: after the step's tokens advanced a request's grammar, its
+  forced tokens become its spec_token_ids (vLLM's schedule() reads them as drafts).
+- Scheduler._update_after_schedule: a batch with drafts and no server-wide speculative config
+  needs a mask row per draft position. vLLM allocates the bitmask for one row per request then,
+  and its parallel fill (which `fill` turns on from two requests) writes one row per request: for
+  such a batch the bitmask is made large enough once and the fill runs vLLM's serial, draft-aware
+  path; batches without drafts keep the parallel fill.
+- Scheduler.make_spec_decoding_stats: counts accepted forced drafts (logitgate_forced_*), and
+  without a speculative config reports no speculative stats to vLLM (its SpecDecodingStats are
+  sized by the configured draft count, 0 here).
+- Scheduler.update_draft_token_ids (a user's drafter): the grammar's forced tokens replace the
+  drafter's for the requests that have them.
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..patching import mark_replacement
+from . import max_drafts, proposals
+
+__all__ = ["accept_tokens_replacement", "make_spec_decoding_stats_replacement", "update_after_schedule_replacement",
+           "update_draft_token_ids_replacement"]
+
+_SAVED_THRESHOLD = "_logitgate_forced_fill_threshold"  # the manager's parallel-fill threshold while drafts run
+_ENCODE = "_logitgate_forced_encode"  # the manager's str -> token ids (its tokenizer, no special tokens)
+
+
+def _encode(manager: Any) -> Callable[[str], list[int]] | None:
+    encode = manager.__dict__.get(_ENCODE)
+    if encode is None:
+        tokenizer = getattr(manager, "tokenizer", None)
+        if tokenizer is None:
+            return None
+
+        def encode(text: str) -> list[int]:
+            return tokenizer.encode(text, add_special_tokens=False)
+
+        setattr(manager, _ENCODE, encode)
+    return encode
+
+
+def accept_tokens_replacement(original: Callable, name: str) -> Callable:
+    """StructuredOutputManager.accept_tokens: vLLM's, then the request's forced tokens proposed."""
+
+    def accept_tokens(self, request, new_token_ids):
+        accepted = original(self, request, new_token_ids)
+        drafts = max_drafts()
+        if accepted and new_token_ids and drafts:
+            tokens = proposals.propose(self, request, drafts, _encode(self))
+            if tokens:
+                request.spec_token_ids = tokens
+                accept_tokens.routed_calls += 1
+        return accepted
+
+    return mark_replacement(accept_tokens, original, name)
+
+
+def _make_room(manager: Any, rows: int) -> None:
+    """A bitmask of at least `rows` rows on the manager (vLLM's own allocation otherwise sizes it
+    by the configured draft count)."""
+    bitmask = manager._grammar_bitmask
+    if bitmask is not None and bitmask.shape[0] >= rows:
+        return
+    if manager.backend is not None:
+        manager._grammar_bitmask = manager.backend.allocate_token_bitmask(rows)
+    else:  # only tree requests: the same int32 (rows, ceil(V/32)) tensor the tree route allocates
+        import torch
+
+        words = (manager.vllm_config.model_config.get_vocab_size() + 31) // 32
+        manager._grammar_bitmask = torch.full((rows, words), -1, dtype=torch.int32)
+
+
+def update_after_schedule_replacement(original: Callable, name: str) -> Callable:
+    """Scheduler._update_after_schedule: vLLM's, then the bitmask prepared for this batch's drafts."""
+
+    def _update_after_schedule(self, scheduler_output):
+        original(self, scheduler_output)
+        manager = self.structured_output_manager
+        if self.vllm_config.speculative_config is not None:
+            return
+        drafted = scheduler_output.scheduled_spec_decode_tokens
+        saved = manager.__dict__.get(_SAVED_THRESHOLD)
+        if drafted:
+            seqs = self.vllm_config.scheduler_config.max_num_seqs
+            _make_room(manager, max(seqs * (1 + max_drafts()), seqs + sum(len(tokens) for tokens in drafted.values())))
+            if saved is None and hasattr(manager, "fill_bitmask_parallel_threshold"):
+                setattr(manager, _SAVED_THRESHOLD, manager.fill_bitmask_parallel_threshold)
+                manager.fill_bitmask_parallel_threshold = sys.maxsize  # vLLM's serial fill writes the draft rows
+            _update_after_schedule.routed_calls += 1
+        elif saved is not None:
+            manager.fill_bitmask_parallel_threshold = saved
+            del manager.__dict__[_SAVED_THRESHOLD]
+
+    return mark_replacement(_update_after_schedule, original, name)
+
+
+def make_spec_decoding_stats_replacement(original: Callable, name: str) -> Callable:
+    """Scheduler.make_spec_decoding_stats: forced drafts counted; vLLM's stats only under its own
+    speculative config."""
+
+    def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
+                                 num_invalid_spec_tokens, request_id):
+        proposals.count_verified(self.requests.get(request_id), num_draft_tokens, num_accepted_tokens)
+        if self.vllm_config.speculative_config is None:
+            return spec_decoding_stats
+        return original(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
+                        num_invalid_spec_tokens, request_id)
+
+    return mark_replacement(make_spec_decoding_stats, original, name)
+
+
+def update_draft_token_ids_replacement(original: Callable, name: str) -> Callable:
+    """Scheduler.update_draft_token_ids: a user's drafter's tokens, except for the requests whose
+    grammar fixes their next tokens (proposed in accept_tokens, just before): those keep them."""
+
+    def update_draft_token_ids(self, draft_token_ids):
+        forced = {}
+        for req_id in draft_token_ids.req_ids:
+            request = self.requests.get(req_id)
+            if request is not None and proposals.MARK in request.__dict__ and request.spec_token_ids:
+                forced[req_id] = list(request.spec_token_ids)
+        original(self, draft_token_ids)
+        for req_id, tokens in forced.items():
+            self.requests[req_id].spec_token_ids = tokens
+        update_draft_token_ids.routed_calls += len(forced)
+
+    return mark_replacement(update_draft_token_ids, original, name)
