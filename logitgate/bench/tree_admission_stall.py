@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from .. import envs
 from .harness import package_env
 from .served_server import post, running_server
 
@@ -180,7 +180,7 @@ def child(megabytes: float, repeats: int, log: str | None, streams: bool = False
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megabytes", type=float, default=40.0, help="size of each request's tree text")
-    parser.add_argument("--python", default=os.environ.get("LOGITGATE_VLLM_PYTHON", sys.executable),
+    parser.add_argument("--python", default=envs.read("LOGITGATE_VLLM_PYTHON") or sys.executable,
                         help="the interpreter with vLLM (default: LOGITGATE_VLLM_PYTHON, else this one)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the three cases, each on new text")
