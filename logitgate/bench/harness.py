@@ -25,6 +25,18 @@ from pathlib import Path
 from typing import Any, TextIO
 
 # Runs whose interquartile range exceeds this fraction of their median are flagged as noisy.
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder this logitgate is imported from
+
+
+def package_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's environment) with PACKAGE_ROOT first on PYTHONPATH: a child
+    started as `python -m logitgate.bench.NAME`, in this interpreter or another, imports this same
+    logitgate, not another installed copy."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
 NOISY_SPREAD = 0.25
 
 

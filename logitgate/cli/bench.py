@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import re
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..bench import BENCHMARKS
-from ..bench.harness import NOISY_SPREAD, impl_label
+from ..bench.harness import NOISY_SPREAD, impl_label, package_env
 from .output_paths import make_output_folder
 
 BENCH_PACKAGE = "logitgate.bench"  # the benchmarks run as `python -m logitgate.bench.NAME`
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder this logitgate is imported from
 SPEEDUP_KEY = re.compile(r"(^|_)speedup(_|$)")  # speedup_vs_x, dense_speedup_vs_x: x's time / logitgate's
 TIME_RATIO_KEY = re.compile(r"^vs_|_ratio$")  # vs_x, *_ratio: logitgate's time / x's time
 CASE_KEYS = ("case", "threads", "op", "scenario", "shape", "dtype", "allowed", "mode", "batch", "vocab", "items", "k", "drafts")
@@ -97,8 +94,7 @@ def cases(result: dict) -> list[Case]:
 
 def child_env(device: str | None) -> dict[str, str]:
     """The benchmarks' environment: they import this same logitgate (not another installed copy)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
+    env = package_env()
     if device:
         env["LOGITGATE_DEVICE"] = device
     return env

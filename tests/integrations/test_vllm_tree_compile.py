@@ -5,22 +5,18 @@ from __future__ import annotations
 
 import json
 import pickle
-import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from logitgate.bench.tree_admission_stall import trie_text  # the engine tests' trees: 260 tokens, end 257
 from logitgate.integrations.vllm.tree import compile as tree_compile
 from logitgate.integrations.vllm.tree.admission_process import INLINE_MAX_BYTES
 from logitgate.structured.tree import shape as tree_shape
 from logitgate.structured.tree.dfa import TreeDFA
 from logitgate.structured.tree.request import TreeRequest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm_engine"))
-from admission_stall import trie_text  # noqa: E402  (the engine tests' trees: 260 tokens, end 257)
 
 V, END = 260, 257
 

@@ -3,13 +3,13 @@ was admitted on the server's event loop (json.loads and the checks: seconds on t
 /health and every other client waited; now it is parsed in logitgate's admission process while
 the loop keeps answering. Measured against the floor, the same bytes in an argument vLLM ignores
 (its own request parsing), on a server with vLLM's defaults and the default tree limits
-(tests/vllm_engine/admission_stall.py; scripts/tree_admission_stall.py reports the same at 40 MB)."""
+(logitgate/bench/tree_admission_stall.py, whose benchmark reports the same at 40 MB)."""
 from __future__ import annotations
 
 import pytest
-from admission_stall import health_stall, trie_text
 
-from tests.helpers.server_helpers import running_server
+from logitgate.bench.served_server import running_server
+from logitgate.bench.tree_admission_stall import health_stall, trie_text
 from tests.helpers.vllm_runtime import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu

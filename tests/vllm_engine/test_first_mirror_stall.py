@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import re
 
-from admission_stall import stream_stall
-
+from logitgate.bench.served_server import post, running_server
+from logitgate.bench.tree_admission_stall import stream_stall
 from tests.helpers.json_engine import build_model, model_dir
-from tests.helpers.server_helpers import post, running_server
 from tests.helpers.vllm_runtime import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu

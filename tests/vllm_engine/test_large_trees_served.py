@@ -19,9 +19,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from admission_stall import api_server_rss_mb, stream_stall, trie_body, trie_text
 
-from tests.helpers.server_helpers import post, running_server, vllm_serve_command
+from logitgate.bench.served_server import post, running_server, vllm_serve_command
+from logitgate.bench.tree_admission_stall import api_server_rss_mb, stream_stall, trie_body, trie_text
 from tests.helpers.vllm_runtime import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu

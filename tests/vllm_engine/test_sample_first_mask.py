@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from tests.helpers.server_helpers import VLLM_CLI, post, running_server
+from logitgate.bench.served_server import VLLM_CLI, post, running_server
 from tests.helpers.vllm_runtime import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu

@@ -8,7 +8,7 @@ with llama-cpp-python TESTED_VERSION (tests/integrations/llama_cpp/test_private_
 also checks that every private name the integration's source uses is a row.
 
 Public names are used where llama-cpp-python has them (`Llama.model` for the model pointer,
-`Llama.input_ids[:n_tokens]` for the evaluated tokens). Test helpers and scripts/bench_llama_cpp.py
+`Llama.input_ids[:n_tokens]` for the evaluated tokens). Test helpers and logitgate/bench/llama_cpp.py
 also read `Llama._ctx` (`get_logits`, `decode`, to compute references and count forward passes);
 they are not the library and fail on their own, loudly.
 """

@@ -18,7 +18,7 @@ them: one sparse group as wide as the tree's widest state, or dense for every ro
 wider than the crossover. Nothing here synchronises with the device beyond what the caller gives.
 
 The crossover (`DEFAULT_SPARSE_MAX_FRACTION`, environment `LOGITGATE_TREE_SPARSE_MAX_FRACTION`,
-or the `sparse_max_fraction` argument) was measured with scripts/bench_tree.py (docs/benchmarks.md,
+or the `sparse_max_fraction` argument) was measured with logitgate/bench/tree.py (docs/benchmarks.md,
 "Tree decode steps"): on CPU a row is cheaper sparse until it allows about half the vocabulary.
 
 Sampling a plan (its layouts through the Sampler, the greedy and fused shortcuts) is the sampling

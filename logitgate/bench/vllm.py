@@ -1,6 +1,6 @@
 """End to end in a real vLLM engine: JSON-schema structured outputs with vs without logitgate.
 
-    python scripts/bench_vllm.py [--quick] [--only all|served|json|tree-spec] [--rounds N] [--python PATH]
+    python -m logitgate.bench.vllm [--quick] [--only all|served|json|tree-spec] [--rounds N] [--python PATH]
                                  [--models random,json_writer] [--backends xgrammar,guidance] [--out FILE] [--plot FILE.png]
 
 A tiny random Llama (2 layers, hidden 128, head dim 64) with the real Llama-3 tokenizer (V = 128256) is built in
@@ -37,7 +37,7 @@ Tree decode (`--only tree-spec`): the embedded demo target (logitgate/data/demo)
 vLLM's speculative decoding (3 draft tokens a step), for each drafter of `--drafters` (default:
 n-gram prompt lookup and the demo's draft model). The plugin is loaded and
 `LOGITGATE_TREE_DECODE_CONFIG` applies the demo tree to every request; each child (`--tree-child`,
-the tree engine of logitgate.cli.vllm_engines) serves 32 greedy requests per round and reads
+the tree engine of logitgate.bench.vllm_engines) serves 32 greedy requests per round and reads
 vLLM's spec-decode counters. Target forward passes per request sum to generated tokens - accepted
 draft tokens; the parent reports passes saved, tokens/s and whether greedy outputs are identical.
 
@@ -53,17 +53,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from logitgate import envs
+from logitgate.bench.harness import package_env
+from logitgate.bench.served_server import stop, wait_healthy
 
-# The model, schema, prompts and engines are shared with the engine tests (logitgate.cli.vllm_engines).
-from logitgate.cli.vllm_engines import (  # noqa: E402 (the path above)
+# The model, schema, prompts and engines are shared with the engine tests (logitgate.bench.vllm_engines).
+from logitgate.bench.vllm_engines import (
     MAX_TOKENS,
     NUM_REQUESTS,
     OPS_WITH_LOGITGATE,
@@ -148,7 +150,7 @@ def tree_child(drafter: str | None, repeats: int) -> dict:
     rounds after a warm-up, spec counters per round."""
     from vllm import SamplingParams
 
-    from logitgate.cli.vllm_engines import TREE_MAX_TOKENS, spec_counters, start_tree_engine, token_lists
+    from logitgate.bench.vllm_engines import TREE_MAX_TOKENS, spec_counters, start_tree_engine, token_lists
 
     llm, start_s = start_tree_engine(drafter, max_num_seqs=TREE_REQUESTS)
     texts, params = tree_prompts(), SamplingParams(max_tokens=TREE_MAX_TOKENS, temperature=0.0)
@@ -184,8 +186,8 @@ def run_child(python: str, path: Path | str, with_logitgate: bool, repeats: int,
               env_overrides: dict[str, str] | None = None, layout: str = "in-process") -> dict:
     """One engine in a fresh process; `mode` --child (benchmark rounds, in `layout`) or --tree-child
     (`path` is then "plain" or a drafter)."""
-    cmd = [python, str(Path(__file__).resolve()), mode, str(path), "--repeats", str(repeats), "--layout", layout]
-    result, _ = run_result(cmd, engine_env(with_logitgate, env_overrides), "engine child")
+    cmd = [python, "-m", "logitgate.bench.vllm", mode, str(path), "--repeats", str(repeats), "--layout", layout]
+    result, _ = run_result(cmd, package_env(engine_env(with_logitgate, env_overrides)), "engine child")
     return result
 
 
@@ -295,7 +297,7 @@ SERVED_BACKENDS = ("xgrammar", "guidance")  # vLLM's structured-outputs backends
 
 
 def served_model(name: str) -> Path:
-    """`random`: the tiny random Llama (logitgate.cli.vllm_engines); `json_writer`: the tiny Llama trained to write
+    """`random`: the tiny random Llama (logitgate.bench.vllm_engines); `json_writer`: the tiny Llama trained to write
     the schemas' records (logitgate.models.json_writer), both with the real Llama-3 tokenizer."""
     if name == "random":
         return build_model(model_dir())
@@ -317,35 +319,6 @@ def start_server(python: str, path: Path | str, with_logitgate: bool, port: int,
            "--structured-outputs-config", json.dumps(config), *(extra_args or [])]
     out = open(log, "w") if log else subprocess.DEVNULL
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def wait_healthy(server: subprocess.Popen, port: int, timeout: float = 600.0) -> float:
-    import urllib.request
-
-    started = time.perf_counter()
-    while time.perf_counter() - started < timeout:
-        if server.poll() is not None:
-            raise RuntimeError(f"server exited with {server.returncode} before it was healthy")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
-                if reply.status == 200:
-                    return time.perf_counter() - started
-        except OSError:
-            pass
-        time.sleep(1.0)
-    raise RuntimeError(f"server not healthy after {timeout:.0f} s")
-
-
-def stop_server(server: subprocess.Popen) -> None:
-    import signal
-
-    if server.poll() is None:
-        os.killpg(server.pid, signal.SIGINT)  # the server's own process group: API server, engine core, worker
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
 
 
 def bench_client(path: Path | str, port: int, schema: dict | None, sampling: dict, prompts_n: int = SERVED_PROMPTS) -> dict:
@@ -446,7 +419,7 @@ def served_server_run(python: str, path: Path, with_logitgate: bool, port: int, 
 
     server = start_server(python, path, with_logitgate, port, log=log, backend=backend)
     try:
-        start_s = wait_healthy(server, port)
+        start_s = wait_healthy(server, port, timeout_s=600.0, log=log, poll_s=1.0)
         bench_client(path, port, SCHEMAS["bounded"], SERVED_MODES["greedy"], prompts_n=SERVED_CONCURRENCY)  # warm-up: compiles
         bench_client(path, port, SCHEMAS["unbounded"], SERVED_MODES["t1"], prompts_n=SERVED_CONCURRENCY)
         runs = {"start_s": start_s}
@@ -468,7 +441,7 @@ def served_server_run(python: str, path: Path, with_logitgate: bool, port: int, 
             runs[name] = out
         return runs
     finally:
-        stop_server(server)
+        stop(server, group=True, sig=signal.SIGINT, grace_s=60)
 
 
 def served_benchmark(python: str, rounds: int, models: list[str], backends: list[str], port: int = 8123) -> dict:
@@ -556,16 +529,16 @@ def _median_phases(runs: list[dict[str, float]]) -> dict[str, float]:
 
 
 def _speculative_config(drafter: str) -> dict:
-    from logitgate.cli.vllm_engines import speculative_config
+    from logitgate.bench.vllm_engines import speculative_config
 
     return speculative_config(drafter)
 
 
 def run_served(python: str, rounds: int, models: list[str], backends: list[str]) -> dict:
     """The served benchmark in `python` (vLLM's client imports vLLM): a child process of its own."""
-    cmd = [python, str(Path(__file__).resolve()), "--served-child", str(rounds), "--models", ",".join(models),
+    cmd = [python, "-m", "logitgate.bench.vllm", "--served-child", str(rounds), "--models", ",".join(models),
            "--backends", ",".join(backends)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=package_env())
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         raise RuntimeError(f"served benchmark failed (exit {proc.returncode}): {proc.stderr.strip()[-3000:]}")
@@ -593,7 +566,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=2, help="engines per configuration (interleaved)")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per mode inside each engine")
     parser.add_argument("--layout", choices=OFFLINE_LAYOUTS, default="in-process", help=argparse.SUPPRESS)
-    parser.add_argument("--python", default=os.environ.get("LOGITGATE_VLLM_PYTHON", sys.executable),
+    parser.add_argument("--python", default=envs.read("LOGITGATE_VLLM_PYTHON") or sys.executable,
                         help="interpreter with a real vLLM engine (default: LOGITGATE_VLLM_PYTHON or this one)")
     parser.add_argument("--forced-drafts", type=int, default=None, metavar="N",
                         help="the plugin's servers and engines propose up to N forced tokens a step as drafts "
@@ -618,7 +591,7 @@ def main(argv: list[str] | None = None) -> dict:
         print("RESULT " + json.dumps(tree_child(drafter, args.repeats)), flush=True)
         return {}
 
-    from logitgate.cli.bench_harness import emit
+    from logitgate.bench.harness import emit
 
     ok, why = engine_available(args.python)
     if not ok:
@@ -627,7 +600,7 @@ def main(argv: list[str] | None = None) -> dict:
         return result
     rounds, repeats = (1, 2) if args.quick else (args.rounds, args.repeats)
     result = {"benchmark": "vllm", "python": args.python, "rounds": rounds, "repeats": repeats, "rows": [],
-              "forced_drafts": os.environ.get("LOGITGATE_VLLM_FORCED_DRAFTS", "unset (off)")}
+              "forced_drafts": envs.read("LOGITGATE_VLLM_FORCED_DRAFTS") or "unset (off)"}
     if args.only in ("all", "served"):
         served = run_served(args.python, rounds, models, backends)
         result.update(served)
@@ -637,7 +610,7 @@ def main(argv: list[str] | None = None) -> dict:
         result["offline_checks"] = offline["checks"]
         result["rows"] = result["rows"] + offline["rows"]
     if args.only in ("all", "tree-spec"):
-        from logitgate.cli.vllm_engines import DRAFTERS
+        from logitgate.bench.vllm_engines import DRAFTERS
 
         drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
         unknown = [d for d in drafters if d not in DRAFTERS]
@@ -647,7 +620,7 @@ def main(argv: list[str] | None = None) -> dict:
         result["rows"] = result["rows"] + result["tree_spec"]["rows"]
     emit(result, args.out)
     if args.plot:
-        from logitgate.cli.bench_harness import plot_bars
+        from logitgate.bench.harness import plot_bars
 
         json_rows = [row for row in result["rows"] if "logitgate_s" in row]
         if json_rows:

@@ -1,7 +1,7 @@
 """logitgate in llama.cpp vs llama.cpp's own grammar sampler (GBNF, `LlamaGrammar`) on the same
 constraint, with the real llama-cpp-python.
 
-    python scripts/bench_llama_cpp.py [--quick] [--rounds N] [--items N] [--embd E] [--layers L]
+    python -m logitgate.bench.llama_cpp [--quick] [--rounds N] [--items N] [--embd E] [--layers L]
         [--threads default 1 ...] [--out FILE] [--plot FILE.png]
 
 Model: a tiny random Llama with the real Llama-3 tokenizer (V = 128256), written as GGUF in code
@@ -41,10 +41,6 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 BRANDS = ["Acme", "Bosch", "Makita", "Stanley", "DeWalt", "Hitachi", "Ryobi", "Festool", "Milwaukee", "Metabo",
           "Hilti", "Einhell"]
@@ -278,7 +274,7 @@ class JsonWriterSetting:
 
 def json_writer_main(args, llama_cpp, settings_args, command, load_start) -> dict:
     """--model json_writer: the JSON case on the json_writer model, per schema."""
-    from logitgate.cli.bench_harness import Progress, emit
+    from logitgate.bench.harness import Progress, emit
     from logitgate.models.json_records import SCHEMAS
     from logitgate.models.json_writer import json_writer_model
     from logitgate.models.json_writer_check import load
@@ -320,10 +316,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--plot")
     args = parser.parse_args(argv)
     settings_args = [thread_setting(t) if isinstance(t, str) else t for t in args.threads]
-    command = " ".join(["python", "scripts/bench_llama_cpp.py", *(sys.argv[1:] if argv is None else argv)])
+    command = " ".join(["python", "-m", "logitgate.bench.llama_cpp", *(sys.argv[1:] if argv is None else argv)])
     load_start = os.getloadavg()
 
-    from logitgate.cli.bench_harness import Progress, emit
+    from logitgate.bench.harness import Progress, emit
 
     try:
         import llama_cpp
@@ -362,7 +358,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     emit(result, args.out)
     if args.plot:
-        from logitgate.cli.bench_harness import plot_bars
+        from logitgate.bench.harness import plot_bars
 
         for row in result["rows"]:
             row["label"] = f"{row['case']}, threads {row['n_threads']}/{row['n_threads_batch']}"

@@ -19,7 +19,7 @@ Replay, per output token (a fresh matcher advanced through the output):
   distribution at T=1 too: a point-mass draft is emitted exactly when it is accepted.
 Baseline: plain decoding, 1 pass per token.
 
-    python scripts/bench_forced_ceiling.py [--prompts 32] [--max-tokens 64] [--out F]
+    python -m logitgate.bench.forced_ceiling [--prompts 32] [--max-tokens 64] [--out F]
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import time
 import torch
 import xgrammar as xgr
 
-from logitgate.cli.bench_harness import emit
+from logitgate.bench.harness import emit
 from logitgate.decode import Request, generate
 from logitgate.models.json_records import SCHEMAS, check_text
 from logitgate.models.json_writer import json_writer_model

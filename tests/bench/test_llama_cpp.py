@@ -1,17 +1,11 @@
-"""scripts/bench_llama_cpp.py's thread settings: `default` leaves both of llama-cpp-python's thread
+"""logitgate/bench/llama_cpp.py's thread settings: `default` leaves both of llama-cpp-python's thread
 counts unset, `N` sets both, `N/M` each; anything else is refused naming the option. (The benchmark
-itself is a script, run by hand: docs/benchmarks.md has its command.)"""
+itself runs by hand or in `logitgate bench`: docs/benchmarks.md has its command.)"""
 import argparse
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_llama_cpp.py"
-_spec = importlib.util.spec_from_file_location("bench_llama_cpp", SCRIPT)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
-thread_setting, main = bench.thread_setting, bench.main
+from logitgate.bench.llama_cpp import main, thread_setting
 
 
 def test_thread_settings():
