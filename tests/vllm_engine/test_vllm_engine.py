@@ -17,10 +17,10 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from logitgate.bench.harness import package_env
 from logitgate.bench.served_server import SERVER_TIMEOUT_S, free_port, stop, wait_healthy
 from tests.helpers.server_helpers import post
 from tests.helpers.tree_reference import is_complete_path
@@ -28,14 +28,14 @@ from tests.helpers.vllm_runtime import needs_vllm_cpu
 
 pytestmark = needs_vllm_cpu
 
-HERE = Path(__file__).resolve().parents[1] / "helpers"  # engine_scenarios.py runs as a script there
 ENGINE_TIMEOUT_S = SERVER_TIMEOUT_S  # an engine starts as slowly in a script as in a server
 
 
 def run_scenario(name: str, **env: str) -> dict:
-    full_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **env}
+    # as a module, with the checkout first on PYTHONPATH: a scenario imports tests.helpers (spec_mtp)
+    full_env = package_env({**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **env})
     proc = subprocess.run(
-        [sys.executable, str(HERE / "engine_scenarios.py"), name],
+        [sys.executable, "-m", "tests.helpers.engine_scenarios", name],
         capture_output=True, text=True, env=full_env, timeout=ENGINE_TIMEOUT_S,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
