@@ -16,6 +16,7 @@
     LOGITGATE_VLLM_DEVICES              comma list                cpu                          device types whose vLLM calls run on logitgate's kernels (cpu, cuda, npu)
     LOGITGATE_VLLM_SEEDED               vllm, logitgate           vllm                         who draws seeded rows and fp64-Gumbel calls in vLLM (vllm: the tokens vLLM gives per seed)
     LOGITGATE_VLLM_FORCED_DRAFTS        int >= 0                  0 (off)                      vLLM: most tokens a request's constraint fixes that are proposed as drafts per step (0: none)
+    LOGITGATE_VLLM_FORCED_SPARSE        0, 1                      1                            vLLM: forced drafts' logits computed over the tokens their masks allow (0: whole rows)
     LOGITGATE_VLLM_METRICS_DIR          path                      set by the plugin            where a vLLM server's processes leave logitgate's counters for /metrics (not for operators)
     LOGITGATE_CUDA_KERNELS              variant, op=variant list  sampling, rejection v2       CUDA kernel variant per op: current or v2, for all (v2) or per op (bitmask=v2,sampling=current,rejection=v2)
     LOGITGATE_VLLM_PYTHON               path                      this interpreter             the vLLM benchmarks (logitgate.bench.vllm, .tree_admission_stall): the interpreter with a vLLM engine
@@ -87,6 +88,9 @@ VARIABLES: dict[str, Variable] = _declare(
     Variable("LOGITGATE_VLLM_FORCED_DRAFTS", "int >= 0", "0 (off)",
              "vLLM: most tokens a request's constraint fixes that are proposed as drafts per step (0: none)",
              "logitgate.integrations.vllm.forced"),
+    Variable("LOGITGATE_VLLM_FORCED_SPARSE", "0, 1", "1",
+             "vLLM: forced drafts' logits computed over the tokens their masks allow (0: whole rows)",
+             "logitgate.integrations.vllm.forced.sparse"),
     Variable("LOGITGATE_VLLM_METRICS_DIR", "path", "set by the plugin",
              "where a vLLM server's processes leave logitgate's counters for /metrics (not for operators)",
              "logitgate.integrations.vllm.metrics"),

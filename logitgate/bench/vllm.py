@@ -414,16 +414,19 @@ def served_cases() -> list[tuple[str, dict | None, str]]:
     return cases + [(f"unconstrained_{mode}", None, mode) for mode in FLOOR_MODES]
 
 
-def served_server_run(python: str, path: Path, with_logitgate: bool, port: int, log: Path, backend: str) -> dict:
+def served_server_run(python: str, path: Path, with_logitgate: bool, port: int, log: Path, backend: str,
+                      extra_env: dict | None = None, cases: list[tuple[str, dict | None, str]] | None = None) -> dict:
+    """One server (the plugin loaded or not, `extra_env` over its environment): two warm-up rounds,
+    then each of `cases` (default: served_cases()) with vLLM's benchmark client."""
     from logitgate.models.json_records import SCHEMAS
 
-    server = start_server(python, path, with_logitgate, port, log=log, backend=backend)
+    server = start_server(python, path, with_logitgate, port, extra_env=extra_env, log=log, backend=backend)
     try:
         start_s = wait_healthy(server, port, timeout_s=600.0, log=log, poll_s=1.0)
         bench_client(path, port, SCHEMAS["bounded"], SERVED_MODES["greedy"], prompts_n=SERVED_CONCURRENCY)  # warm-up: compiles
         bench_client(path, port, SCHEMAS["unbounded"], SERVED_MODES["t1"], prompts_n=SERVED_CONCURRENCY)
         runs = {"start_s": start_s}
-        for name, schema, mode in served_cases():
+        for name, schema, mode in cases or served_cases():
             before = metrics_text(port)
             out = bench_client(path, port, schema, SERVED_MODES[mode])
             after = metrics_text(port)

