@@ -147,14 +147,16 @@ def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
 
     def grammar_bitmask(self, requests, structured_output_request_ids, scheduled_spec_decode_tokens):
         state = engine_state(self)
-        # a batch with drafts (forced/) has a mask row per draft: filled by vLLM, none deferred
-        where = _deferral(self, state) if structured_output_request_ids and not scheduled_spec_decode_tokens else None
+        drafted = scheduled_spec_decode_tokens or {}
+        where = _deferral(self, state) if structured_output_request_ids else None
         backend = _backend_name(self, state) if where is not None else None
         if backend is None:
             return _timed_fill(original, self, state, requests, structured_output_request_ids, scheduled_spec_decode_tokens)
         deferred: dict[str, Entry] = {}
         mirror: dict[str, str] = {}
         for req_id in structured_output_request_ids:
+            if drafted.get(req_id):
+                continue  # drafts (forced/): a mask row per draft and the bonus row, filled by vLLM
             request = requests[req_id]
             grammar = _candidate(self, request)
             if grammar is None:
@@ -170,10 +172,13 @@ def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
                 deferred[req_id] = _entry(request, grammar, where, row)
         if not deferred and not mirror:
             return _timed_fill(original, self, state, requests, structured_output_request_ids, scheduled_spec_decode_tokens)
-        rows = [i for i, req_id in enumerate(structured_output_request_ids) if req_id not in deferred]
-        filled_ids = [structured_output_request_ids[i] for i in rows]
+        # a request's rows: one per draft, then its own (a deferred request has no drafts: one row)
+        ends = np.cumsum([1 + len(drafted.get(req_id, ())) for req_id in structured_output_request_ids])
+        filled_ids = [req_id for req_id in structured_output_request_ids if req_id not in deferred]
+        rows = [row for end, req_id in zip(ends, structured_output_request_ids) if req_id not in deferred
+                for row in range(end - 1 - len(drafted.get(req_id, ())), end)]
         filled = _timed_fill(original, self, state, requests, filled_ids, scheduled_spec_decode_tokens) if rows else None
-        bitmask = np.full((len(structured_output_request_ids), _width(self, state)), -1, dtype=np.int32)
+        bitmask = np.full((int(ends[-1]), _width(self, state)), -1, dtype=np.int32)
         if filled is not None:
             bitmask[rows] = filled
         metrics.add("sample_first_rows_deferred", len(deferred))

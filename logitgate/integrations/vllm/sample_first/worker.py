@@ -51,6 +51,13 @@ def _start_mirrors(mirrors: GrammarMirrors, runner: Any, asked: dict[str, str]) 
             mirrors.start(req_id, backend, state.sampling_params)
 
 
+def _has_drafts(runner: Any) -> bool:
+    """Whether the batch about to be sampled has drafts (forced/: deferred rows are then only those
+    of requests without drafts, each one row)."""
+    state = getattr(runner, "execute_model_state", None)
+    return bool(state is not None and state.scheduler_output.scheduled_spec_decode_tokens)
+
+
 def _without_deferred(grammar_output: Any, deferred: dict) -> Any:
     """The grammar output without the deferred rows (all-ones: applying them changes nothing but
     costs a pass over their logits); None when every row is deferred."""
@@ -98,7 +105,8 @@ def sample_tokens_replacement(original: Callable, name: str) -> Callable:
         report = Report(mirrors=mirrors is not None)
         if deferred:
             self.__dict__[_DEFERRED_KEY] = (deferred, mirrors, report, bitmask.shape[1])
-            grammar_output = _without_deferred(grammar_output, deferred)
+            if not _has_drafts(self):  # (with drafts a request has several rows: its all-ones row stays)
+                grammar_output = _without_deferred(grammar_output, deferred)
         try:
             output = original(self, grammar_output)
         finally:
@@ -201,7 +209,12 @@ def sample_replacement(original: Callable, name: str) -> Callable:
         deferred, mirrors, report, width = pending
         rows = _resolve(deferred, mirrors, self.input_batch.req_id_to_index, report)
         checked = [row for row in rows if row[2] is not None]
-        if spec_decode_metadata is not None or not _vouches(self):
+        # With drafts (forced/), a request's token row is its bonus row; its drafts' rows are masked
+        # by vLLM. A deferred row has none (the scheduler defers no drafted request): its token is
+        # the bonus token, column 0 of the output, drawn by the sampler as a plain row's.
+        logits_row = _logits_rows(spec_decode_metadata)
+        drafts = spec_decode_metadata.num_draft_tokens if spec_decode_metadata is not None else None
+        if (drafts is not None and any(drafts[row[0]] for row in checked)) or not _vouches(self):
             first, checked = checked, []
         else:
             reads = [_reads_the_mask(self, row[1]) for row in checked]
@@ -209,14 +222,14 @@ def sample_replacement(original: Callable, name: str) -> Callable:
             checked = [row for row, r in zip(checked, reads) if not r]
         if first:
             began = time.perf_counter()
-            _mask_rows(logits, [(row, grammar) for row, _, grammar, _, _ in first], width)  # as vLLM would
+            _mask_rows(logits, [(logits_row(row), grammar) for row, _, grammar, _, _ in first], width)  # as vLLM would
             each = (time.perf_counter() - began) / len(first)
             report.outcomes.update((req_id, Outcome("filled", each + spent)) for _, req_id, _, _, spent in first)
         if not checked:
             return original(self, logits, spec_decode_metadata)
-        _stash.rows = [row[0] for row in checked]
+        _stash.rows = [row[0] for row in checked]  # the sampler's rows: one per request (the bonus rows with drafts)
         try:
-            output = original(self, logits, None)
+            output = original(self, logits, spec_decode_metadata)
             processed = _stash.logits
         finally:
             _stash.rows = _stash.logits = None
@@ -247,6 +260,14 @@ def sample_replacement(original: Callable, name: str) -> Callable:
         return output
 
     return mark_replacement(_sample, original, name)
+
+
+def _logits_rows(spec_decode_metadata: Any) -> Callable[[int], int]:
+    """Batch row -> its token's logits row: itself without drafts, its bonus row with them."""
+    if spec_decode_metadata is None:
+        return lambda row: row
+    bonus = spec_decode_metadata.bonus_logits_indices.tolist()
+    return lambda row: bonus[row]
 
 
 def _masks_to_check(checked: list[tuple[int, str, Any, float, float]],
