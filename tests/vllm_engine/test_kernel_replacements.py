@@ -53,18 +53,20 @@ from logitgate.integrations.vllm import patches, patching, plugin
 kernel = lambda names: [n for n in names if n in {r.name for r in patches.KERNEL_PATCHES}]
 first = plugin.install({"bitmask", "sampler", "rejection"})
 second = plugin.install({"bitmask", "sampler", "rejection"})
-assert first == second and len(kernel(first)) == 7, (first, second)
+assert first == second and len(kernel(first)) == 8, (first, second)
 assert "vllm.v1.engine.input_processor.InputProcessor.process_inputs" in first  # the `always` rows come along
 assert "vllm.v1.sample.rejection_sampler.expand_batch_to_tokens" in first  # the vLLM-CPU fix comes with any selection
+assert "vllm.v1.worker.gpu_model_runner.GPUModelRunner.initialize_kv_cache" in first  # and the worker's start-up loads
 assert rs.rejection_sample.__logitgate_original__ is before[0]
 assert tt.TopKTopPSampler.forward_cpu.__logitgate_original__ is before[1]
 assert so.__dict__['xgr'].__logitgate_original__ is before[2]
 assert "numba" not in sys.modules and "llvmlite" not in sys.modules
-assert kernel(plugin.install({"bitmask"})) == ["vllm.v1.structured_output.utils.xgr", "vllm.v1.sample.rejection_sampler.expand_batch_to_tokens"]
+fixes = ["vllm.v1.sample.rejection_sampler.expand_batch_to_tokens", "vllm.v1.worker.gpu_model_runner.GPUModelRunner.initialize_kv_cache"]
+assert kernel(plugin.install({"bitmask"})) == ["vllm.v1.structured_output.utils.xgr", *fixes]
 from vllm.v1.core.sched.scheduler import Scheduler
 schedule = Scheduler.schedule
 assert kernel(plugin.install({"fill"})) == ["vllm.v1.core.sched.scheduler.Scheduler.schedule",
-    "vllm.v1.core.sched.scheduler.Scheduler.get_grammar_bitmask", "vllm.v1.sample.rejection_sampler.expand_batch_to_tokens"]
+    "vllm.v1.core.sched.scheduler.Scheduler.get_grammar_bitmask", *fixes]
 assert Scheduler.schedule.__logitgate_original__ is schedule
 first += ["vllm.v1.core.sched.scheduler.Scheduler.schedule", "vllm.v1.core.sched.scheduler.Scheduler.get_grammar_bitmask"]
 assert sorted(plugin.uninstall()) == sorted(first)

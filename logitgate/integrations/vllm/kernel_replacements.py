@@ -21,7 +21,8 @@ every configuration a replacement does not cover (synthetic or FLy rejection, vl
 reduce-sample and block/entropy verification), goes to vLLM's original unchanged.
 
 logitgate's kernels (numba, Triton) are imported on the first routed call, never here: vLLM-CPU's
-worker breaks when llvmlite is loaded before it initialises.
+worker breaks when llvmlite is loaded before it initialises. The mask kernel is the exception:
+the worker loads it at the end of its start-up (worker_startup.py), not on a step.
 """
 from __future__ import annotations
 

