@@ -1,8 +1,10 @@
-"""forced/sparse.py: draft rows computed over the tokens their mask rows allow give the masked
-logits of whole rows (hypothesis, against the model's own compute_logits), in vLLM's layout of
-the bitmask against the logits rows; rows without a narrow mask are computed whole."""
+"""forced/sparse.py: a draft row's table (allowed tokens, their logits) is the finite part of the
+masked whole row (hypothesis, against the model's own compute_logits), in vLLM's layout of the
+bitmask against the logits rows; rows without a narrow mask are computed whole and restricted to
+their masks; vLLM's masking is handed the bonus rows only. (verify: tests/vllm_engine/test_forced_sparse_verify.py)"""
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -53,111 +55,110 @@ def _bitmask(allowed: list[np.ndarray | None], vocab: int) -> np.ndarray:
     return out
 
 
-def _batch(draw_counts, vocab, rng, narrow):
-    """A batch of requests with `draw_counts` drafts each: its plan, outputs and masks."""
-    req_ids = [f"r{i}" for i in range(len(draw_counts))]
-    spec = {rid: [1] * n for rid, n in zip(req_ids, draw_counts) if n}
-    draft_rows, bonus_rows, row = [], [], 0
-    for n in draw_counts:
-        draft_rows += list(range(row, row + n))
-        bonus_rows.append(row + n)
-        row += n + 1
-    structured = [rid for rid in req_ids if rng.random() < 0.9]
+@dataclasses.dataclass
+class _GrammarOutput:  # vLLM's GrammarOutput's fields
+    structured_output_request_ids: list
+    grammar_bitmask: np.ndarray
+    num_acceptable_drafts: list | None = None
+
+
+def _batch(draws, vocab, rng, narrow):
+    """Requests with `draws` drafts each (a request with drafts is structured), some without a
+    grammar: (scheduler output, grammar output, input batch, masks per structured request)."""
+    req_ids = [f"r{i}" for i in range(len(draws))]
+    spec = {rid: [1] * n for rid, n in zip(req_ids, draws) if n}
+    structured = [rid for rid, n in zip(req_ids, draws) if n or rng.random() < 0.7]
     rng.shuffle(structured)
-    masks = []
+    masks, per_request = [], {}
     for rid in structured:
-        n = len(spec.get(rid, ()))
-        for _ in range(n + 1):
+        rows = []
+        for _ in range(len(spec.get(rid, ())) + 1):
             kind = rng.random()
             if kind < narrow:
-                masks.append(np.unique(rng.integers(0, vocab, size=rng.integers(0, 6))))
+                rows.append(np.unique(rng.integers(0, vocab, size=rng.integers(0, 6))))
             elif kind < narrow + 0.1:
-                masks.append(None)  # all ones
+                rows.append(None)  # all ones
             else:
-                masks.append(np.unique(rng.integers(0, vocab, size=vocab // 2)))
-    return (SimpleNamespace(scheduled_spec_decode_tokens=spec),
-            SimpleNamespace(structured_output_request_ids=structured, grammar_bitmask=_bitmask(masks, vocab)),
-            SimpleNamespace(req_ids=req_ids), np.array(draft_rows, dtype=np.int64), np.array(bonus_rows, dtype=np.int64))
+                rows.append(np.unique(rng.integers(0, vocab, size=vocab // 2)))
+        per_request[rid] = rows
+        masks += rows
+    return (SimpleNamespace(scheduled_spec_decode_tokens=spec), _GrammarOutput(structured, _bitmask(masks, vocab)),
+            SimpleNamespace(req_ids=req_ids), per_request)
 
 
-def _masked(logits, scheduler_output, grammar_output, input_batch):
-    """vLLM's masking of whole rows (the reference): rows with a mask row keep its tokens only."""
-    out = logits.clone()
-    spec = scheduler_output.scheduled_spec_decode_tokens
-    first, offset = {}, 0
-    for index, rid in enumerate(input_batch.req_ids):
-        first[rid] = index + offset
-        offset += len(spec.get(rid, ()))
-    mask_index = 0
-    for rid in grammar_output.structured_output_request_ids:
-        for i in range(1 + len(spec.get(rid, ()))):
-            bits = np.unpackbits(grammar_output.grammar_bitmask[mask_index + i].view(np.uint8).reshape(-1, 1),
-                                 axis=1)[:, ::-1].reshape(-1)[: logits.shape[1]]
-            out[first[rid] + i, torch.from_numpy(bits == 0)] = float("-inf")
-        mask_index += 1 + len(spec.get(rid, ()))
-    return out
+def _finite(row: torch.Tensor, allowed) -> tuple[list, torch.Tensor]:
+    tokens = list(range(len(row))) if allowed is None else sorted(int(t) for t in allowed)
+    return tokens, row[tokens]
+
+
+def _plan(model, draws, hidden_rows=None, seed=0):
+    num = np.array(draws, dtype=np.int32)
+    hidden = torch.randn(int(num.sum()), 8 if hidden_rows is None else hidden_rows,
+                         generator=torch.Generator().manual_seed(seed))
+    plan = sparse.Plan(model, num)
+    logits = torch.zeros(len(draws), 4)
+    sparse.track(plan, logits, hidden, torch.arange(len(hidden)))
+    return plan, logits, hidden
 
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(0, 4), min_size=1, max_size=6), st.integers(33, 200), st.integers(0, 2**31 - 1),
        st.sampled_from([(1.0, None), (0.5, None), (1.0, 3.0)]), st.sampled_from([0.5, 0.9]))
-def test_completed_rows_are_the_masked_whole_rows(draws, vocab, seed, tail, narrow):
+def test_each_draft_rows_table_is_its_masked_whole_row(draws, vocab, seed, tail, narrow):
     rng = np.random.default_rng(seed)
     model = _Model(vocab, 8, seed, *tail)
-    scheduler_output, grammar_output, input_batch, draft_rows, bonus_rows = _batch(draws, vocab, rng, narrow)
-    rows = len(draft_rows) + len(bonus_rows)
-    hidden = torch.randn(rows + 3, 8, generator=torch.Generator().manual_seed(seed))
-    positions = torch.randperm(rows + 3, generator=torch.Generator().manual_seed(seed + 1))[:rows]
-    whole = model.compute_logits(hidden[positions])
-    plan = sparse.Plan(model, draft_rows, bonus_rows)
-    logits = sparse.expand(plan, whole[torch.from_numpy(bonus_rows)], hidden, positions)
-    sparse.complete(logits, scheduler_output, grammar_output, input_batch)
-    got = _masked(logits, scheduler_output, grammar_output, input_batch)
-    want = _masked(whole, scheduler_output, grammar_output, input_batch)
-    assert torch.equal(torch.isinf(got), torch.isinf(want))
-    finite = ~torch.isinf(want)
-    assert torch.allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
-
-
-def test_rows_without_a_mask_and_wide_rows_are_computed_whole(monkeypatch):
-    monkeypatch.setattr(sparse, "MAX_ALLOWED", 3)
-    vocab, model = 64, _Model(64, 4, 1)
-    hidden = torch.randn(4, 4)
-    positions = torch.arange(4)
-    plan = sparse.Plan(model, np.array([0, 1, 2]), np.array([3]))
-    logits = sparse.expand(plan, model.compute_logits(hidden[3:]), hidden, positions)
-    spec = {"a": [1, 2, 3]}
-    masks = _bitmask([np.array([5]), np.arange(10), None, np.array([7])], vocab)
-    sparse.complete(logits, SimpleNamespace(scheduled_spec_decode_tokens=spec),
-                    SimpleNamespace(structured_output_request_ids=["a"], grammar_bitmask=masks), SimpleNamespace(req_ids=["a"]))
+    scheduler_output, grammar_output, input_batch, per_request = _batch(draws, vocab, rng, narrow)
+    plan, logits, hidden = _plan(model, draws, seed=seed)
+    assert sparse.plan_of(logits) is plan
+    logits = torch.zeros(len(draws), vocab)
+    sparse.track(plan, logits, hidden, torch.arange(len(hidden)))
+    bonus_scheduler_output, bonus_output = sparse.take_masks(plan, logits, scheduler_output, grammar_output, input_batch)
     whole = model.compute_logits(hidden)
-    assert torch.allclose(logits[0, 5], whole[0, 5], atol=1e-5) and torch.isinf(logits[0]).sum() == vocab - 1
-    assert torch.allclose(logits[1:], whole[1:], atol=1e-5)  # 10 allowed > 3: whole; all ones: whole; bonus row: the forward's
+    first = np.concatenate([[0], np.cumsum(draws)])
+    for i, rid in enumerate(input_batch.req_ids):
+        for j in range(draws[i]):
+            row = first[i] + j
+            tokens, values = _finite(whole[row], per_request[rid][j])
+            got = plan.values[row]
+            assert plan.tokens[row, : len(tokens)].tolist() == tokens
+            assert torch.isinf(got[len(tokens):]).all()
+            assert torch.allclose(got[: len(tokens)], values.float(), rtol=1e-5, atol=1e-5)
+    # vLLM's masking gets the bonus rows, a row per structured request, as in a batch without drafts
+    assert bonus_scheduler_output.scheduled_spec_decode_tokens == {}
+    bonus = [per_request[rid][-1] for rid in grammar_output.structured_output_request_ids]
+    assert np.array_equal(bonus_output.grammar_bitmask, _bitmask(bonus, vocab))
+    assert bonus_output.structured_output_request_ids == grammar_output.structured_output_request_ids
 
 
-def test_no_grammar_output_computes_every_draft_row_whole():
-    model = _Model(40, 4, 2)
-    hidden = torch.randn(3, 4)
-    plan = sparse.Plan(model, np.array([0, 1]), np.array([2]))
-    logits = sparse.expand(plan, model.compute_logits(hidden[2:]), hidden, torch.arange(3))
-    sparse.complete(logits)  # the rejection sampler's call: no mask came
-    assert torch.allclose(logits, model.compute_logits(hidden), atol=1e-5)
-    sparse.complete(logits)  # a second call changes nothing
+def test_wide_and_empty_rows_are_computed_whole_within_their_masks(monkeypatch):
+    monkeypatch.setattr(sparse, "MAX_ALLOWED", 3)
+    vocab, model = 64, _Model(64, 8, 1)
+    plan, logits, hidden = _plan(model, [4])
+    masks = [np.array([5]), np.arange(10), None, np.array([], dtype=np.int64), np.array([7])]
+    sparse.take_masks(plan, logits, SimpleNamespace(scheduled_spec_decode_tokens={"a": [1] * 4}),
+                      _GrammarOutput(["a"], _bitmask(masks, vocab)), SimpleNamespace(req_ids=["a"]))
+    whole = model.compute_logits(hidden)
+    for row, allowed in enumerate(masks[:4]):
+        tokens, values = _finite(whole[row], allowed)
+        assert plan.tokens[row, : len(tokens)].tolist() == tokens
+        assert torch.allclose(plan.values[row, : len(tokens)], values, atol=1e-5)
+        assert torch.isinf(plan.values[row, len(tokens):]).all()
 
 
 def test_a_head_that_is_not_the_logits_is_found_once_and_left_whole():
-    model = _Model(50, 4, 3, bias=True)  # compute_logits adds a bias the head matrix lacks
-    hidden = torch.randn(2, 4)
-    plan = sparse.Plan(model, np.array([0]), np.array([1]))
-    logits = sparse.expand(plan, model.compute_logits(hidden[1:]), hidden, torch.arange(2))
-    masks = _bitmask([np.array([1, 2]), None], 50)
-    sparse.complete(logits, SimpleNamespace(scheduled_spec_decode_tokens={"a": [1]}),
-                    SimpleNamespace(structured_output_request_ids=["a"], grammar_bitmask=masks), SimpleNamespace(req_ids=["a"]))
-    assert torch.allclose(logits, model.compute_logits(hidden), atol=1e-5)
+    model = _Model(50, 8, 3, bias=True)  # compute_logits adds a bias the head matrix lacks
+    plan, logits, hidden = _plan(model, [1])
+    sparse.take_masks(plan, logits, SimpleNamespace(scheduled_spec_decode_tokens={"a": [1]}),
+                      _GrammarOutput(["a"], _bitmask([np.array([1, 2]), None], 50)), SimpleNamespace(req_ids=["a"]))
+    assert torch.allclose(plan.values[0, :2], model.compute_logits(hidden)[0, [1, 2]], atol=1e-5)
     runner = SimpleNamespace(speculative_config=None, is_pooling_model=False, broadcast_pp_output=False,
-                             cache_config=SimpleNamespace(kv_sharing_fast_prefill=False), model=model)
+                             cache_config=SimpleNamespace(kv_sharing_fast_prefill=False), model=model,
+                             model_config=SimpleNamespace(logits_processors=None),
+                             input_batch=SimpleNamespace(sampling_metadata=SimpleNamespace(max_num_logprobs=None)))
     assert not sparse.plan_for(runner)  # this model's draft rows stay whole from now on
-    assert sparse.plan_for(SimpleNamespace(**{**vars(runner), "model": _Model(50, 4, 4)}))
+    assert sparse.plan_for(SimpleNamespace(**{**vars(runner), "model": _Model(50, 8, 4)}))
+    logprobs = SimpleNamespace(sampling_metadata=SimpleNamespace(max_num_logprobs=2))
+    assert not sparse.plan_for(SimpleNamespace(**{**vars(runner), "model": _Model(50, 8, 5), "input_batch": logprobs}))
 
 
 @pytest.mark.parametrize("value,expected", [(None, True), ("1", True), ("0", False)])

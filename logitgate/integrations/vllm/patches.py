@@ -274,15 +274,12 @@ FORCED_PATCHES: tuple[Patch, ...] = (
             "a batch with drafts on a runner without a speculative config computes the logits of every draft "
             "position (vLLM's _calc_spec_decode_metadata) and is verified by the rejection sampler", FORCED_UNTIL),
     _kernel("forced", RUNNER, "execute_model", ".forced.worker:execute_model_replacement",
-            "a batch planned sparse gets its full logits tensor after the forward (which computed its bonus rows "
-            "only): the draft rows wait for their masks", FORCED_UNTIL),
+            "a batch planned sparse keeps its draft positions' hidden states after the forward (which computed its "
+            "bonus rows only): the draft rows wait for their masks", FORCED_UNTIL),
     _kernel("forced", "vllm.v1.worker.gpu_model_runner", "apply_grammar_bitmask",
             ".forced.worker:apply_grammar_bitmask_replacement",
-            "the draft rows of a planned batch are computed over the tokens their mask rows allow, before vLLM's "
-            "masking (the runner's own binding of the function: `from ... import`)", FORCED_UNTIL),
-    _write("forced", RUNNER, "execute_model_state", "forced.worker.execute_model_replacement",
-           "the step's state with the full logits tensor (draft rows to compute) in place of the bonus rows",
-           FORCED_UNTIL),
+            "the draft rows of a planned batch are computed over the tokens their mask rows allow; vLLM's masking "
+            "then applies to its bonus rows (the runner's own binding of the function: `from ... import`)", FORCED_UNTIL),
     _write("forced", RUNNER, "_logitgate_forced_plan", "forced.worker.prepare_inputs_replacement",
            "the sparse plan of the batch being prepared, from _prepare_inputs to execute_model; " + _OURS,
            FORCED_UNTIL, vllm_attr=False),

@@ -1,34 +1,43 @@
-"""Verification at the cost of the tokens the grammar allows: a forced draft's logits row is
-computed only over the tokens its mask row allows (issue 37 c).
+"""Verification at the cost of the tokens the grammar allows (issue 37 c): a forced draft's
+position is computed and verified over the tokens its mask row allows, never over the vocabulary.
 
 At a forced position the grammar's mask allows a handful of tokens (the tokenizations of the rest
-of the forced string: `"`, `"na`, `"name`...) out of the vocabulary, and every other logit is set
-to -inf by the mask before anything reads it. vLLM computes the LM head over the whole vocabulary
-for every draft position; on a small model that head is most of the pass. Here:
+of the forced string: `"`, `"na`, `"name`...), and every other logit is -inf once the mask is
+applied. vLLM would compute the LM head over the whole vocabulary at every draft position, then
+mask, temper, filter and verify those full rows: on a small model that is most of the step. Here:
 
 1. `_prepare_inputs` (worker.py) asks vLLM's forward for the logits of each request's last
-   position only (the bonus row: the grammar may be free there) and records a `Plan`: which
-   logits rows are draft rows and which hidden states they come from.
-2. After the forward (`expand`, from the execute_model replacement) the logits become the full
-   (draft rows + bonus rows, vocabulary) tensor vLLM expects, the draft rows -inf.
-3. When the scheduler's bitmask reaches the runner (`complete`, from the apply_grammar_bitmask
-   replacement), each draft row gets the logits of the tokens its mask row allows: one dot
-   product per allowed token, scaled and soft-capped as the model's LogitsProcessor does. A row
-   whose mask allows more than MAX_ALLOWED tokens, or that has no mask row, is computed whole
-   with the model's own compute_logits. Then vLLM's mask is applied as before.
+   position only (its bonus row: the grammar may be free there), so the step's logits have one
+   row per request, as in a batch without drafts, and records a `Plan`: the draft positions and
+   (after the forward, `track`) their hidden states.
+2. When the scheduler's bitmask reaches the runner (`take_masks`, from the apply_grammar_bitmask
+   replacement), each draft row gets the logits of the tokens its mask allows, one dot product each
+   (scaled and soft-capped as the model's LogitsProcessor does; a row allowing more than
+   MAX_ALLOWED tokens is computed whole by the model's compute_logits and restricted to its mask),
+   kept as a (draft rows, K) table of values and token ids padded with -inf. vLLM's own
+   apply_grammar_bitmask then masks the bonus rows.
+3. The rejection sampler (`verify`, from worker.Verifier) draws the bonus tokens with vLLM's
+   sampler over the bonus rows, applies vLLM's temperature / top-k / top-p to the table
+   (apply_sampling_constraints: over the allowed tokens, which is what they do to a masked row)
+   and runs vLLM's rejection_sample on it (logitgate's kernel under `rejection`), with each draft
+   token given as its column; the columns it returns are mapped back to token ids.
 
-The logits vLLM's sampler and rejection path read are therefore the masked logits they would
-have read (up to the rounding of a dot product against a GEMM row): the output distribution is
-unchanged. Where the head is not a plain matrix (quantized, tensor-parallel, a bias, a model whose
-compute_logits does more than its LogitsProcessor), the first sparse row is checked against the
-model's own compute_logits and, on a mismatch, this runner computes draft rows whole from then on
-(logged once). `LOGITGATE_VLLM_FORCED_SPARSE=0` turns it off (the benchmarks' dense baseline).
+A masked row's softmax, argmax, top-k and top-p over the vocabulary equal the same over its allowed
+tokens (the rest are -inf), so the emitted tokens follow vLLM's masked decoding (greedy: the same
+argmax, ties to the lowest token id as torch's argmax; random: the same acceptance test and
+recovered distribution). Rows whose requests ask for logprobs, and engines with custom logits
+processors, are not planned (vLLM's full path). The first draft row of a model is checked against
+its compute_logits: a head that is not a plain matrix (a bias, a quantized or sharded head) is
+found there, and that model is verified over whole rows from then on (logged once).
+`LOGITGATE_VLLM_FORCED_SPARSE=0` turns it off (the benchmarks' whole-row baseline).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -37,7 +46,7 @@ import torch
 from .... import envs as _envs
 from .. import metrics
 
-__all__ = ["MAX_ALLOWED", "SPARSE_ENV", "Plan", "complete", "enabled", "expand", "plan_for"]
+__all__ = ["MAX_ALLOWED", "SPARSE_ENV", "Plan", "enabled", "plan_for", "take_masks", "track", "verify"]
 
 logger = logging.getLogger("logitgate")
 
@@ -46,13 +55,14 @@ SPARSE_ENV = "LOGITGATE_VLLM_FORCED_SPARSE"
 # weight rows of its tokens (a forced position allows 1-8 here; a free one ~100k).
 MAX_ALLOWED = 2048
 _CHECK_RTOL = 1e-3
+_MAX_PENDING = 8  # one batch in flight per runner, a runner or two per process
 
 _checked: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()  # model -> sparse head agrees
 
 
 def enabled(value: str | None = None) -> bool:
-    """Whether draft rows are computed sparsely (default on); ValueError naming the variable for
-    anything but 0 / 1."""
+    """Whether draft rows are computed and verified sparsely (default on); ValueError naming the
+    variable for anything but 0 / 1."""
     raw = _envs.read(SPARSE_ENV) if value is None else value
     if raw is None or raw.strip() in ("", "1"):
         return True
@@ -84,11 +94,17 @@ def _head_of(model: Any) -> _Head | None:
 
 
 def plan_for(runner: Any) -> bool:
-    """Whether this runner's draft rows can be computed sparsely: on, a plain head whose first
-    check has not failed, and the ordinary single-rank path of vLLM's execute_model."""
+    """Whether this runner's batch with drafts is computed and verified sparsely: on, a plain head
+    whose first check has not failed, vLLM's ordinary single-rank path, no logprobs asked in the
+    batch and no custom logits processors."""
     if not enabled() or runner.speculative_config is not None or getattr(runner, "is_pooling_model", False):
         return False
     if getattr(runner, "broadcast_pp_output", False) or getattr(runner.cache_config, "kv_sharing_fast_prefill", False):
+        return False
+    if getattr(getattr(runner, "model_config", None), "logits_processors", None):
+        return False
+    metadata = getattr(getattr(runner, "input_batch", None), "sampling_metadata", None)
+    if metadata is None or metadata.max_num_logprobs is not None:
         return False
     model = getattr(runner, "model", None)
     return model is not None and _checked.get(model, True) and _head_of(model) is not None
@@ -96,64 +112,67 @@ def plan_for(runner: Any) -> bool:
 
 @dataclass
 class Plan:
-    """One batch's sparse verification: the full logits tensor's draft rows and their hidden states."""
+    """One batch's sparse verification. `num_drafts[r]` drafts of request r sit at draft rows
+    cu[r] - num_drafts[r] ... cu[r] - 1; their hidden states come with `track`, their allowed
+    tokens and logits with `take_masks` (or whole rows in `verify` when no mask came)."""
 
     model: Any
-    draft_rows: np.ndarray  # logits rows of the draft positions (vLLM's target_logits_indices)
-    bonus_rows: np.ndarray  # logits rows computed by the forward (vLLM's bonus_logits_indices)
-    hidden: torch.Tensor | None = None  # (len(draft_rows), hidden): the draft positions' hidden states
-    logits: torch.Tensor | None = None
-    done: bool = field(default=False)
+    num_drafts: np.ndarray  # per request of the batch
+    hidden: torch.Tensor | None = None  # (draft rows, hidden)
+    tokens: torch.Tensor | None = None  # (draft rows, K) int64: allowed token ids, padded with 0
+    values: torch.Tensor | None = None  # (draft rows, K) float32 logits, padded with -inf
+    verified: bool = False
 
 
-_pending: dict[int, Plan] = {}  # id(full logits) -> its plan (which holds the tensor), until computed
-_MAX_PENDING = 8  # one batch in flight per runner, a runner or two per process
+_pending: dict[int, Plan] = {}  # id(the step's logits) -> its plan (which keeps the tensor alive), until verified
+_logits_of: dict[int, torch.Tensor] = {}
 
 
 @torch.inference_mode()
-def expand(plan: Plan, bonus_logits: torch.Tensor, hidden_states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """The full logits tensor of the batch: the forward's rows at the bonus rows, the draft rows
-    -inf until `complete`; `positions` are the token positions of all logits rows."""
-    rows = len(plan.draft_rows) + len(plan.bonus_rows)
-    full = torch.full((rows, bonus_logits.shape[1]), float("-inf"), dtype=bonus_logits.dtype, device=bonus_logits.device)
-    full[torch.from_numpy(plan.bonus_rows).to(full.device)] = bonus_logits
-    plan.hidden = hidden_states[positions[torch.from_numpy(plan.draft_rows).to(positions.device)]]
-    plan.logits = full
-    while len(_pending) >= _MAX_PENDING:  # entries of steps that failed before their masks came
-        del _pending[next(iter(_pending))]
-    _pending[id(full)] = plan
-    return full
+def track(plan: Plan, logits: torch.Tensor, hidden_states: torch.Tensor, positions: torch.Tensor) -> None:
+    """After the forward: `logits` (a row per request) is this plan's; `positions` are the token
+    positions of the draft rows, whose hidden states are kept."""
+    plan.hidden = hidden_states[positions]
+    while len(_pending) >= _MAX_PENDING:  # entries of steps that failed before verification
+        oldest = next(iter(_pending))
+        del _pending[oldest], _logits_of[oldest]
+    _pending[id(logits)] = plan
+    _logits_of[id(logits)] = logits
 
 
-def _mask_rows_of(plan: Plan, scheduler_output: Any, grammar_output: Any, input_batch: Any) -> np.ndarray:
-    """For each draft row, its row in the scheduler's bitmask (-1: none), in the order vLLM's
-    apply_grammar_bitmask lays the bitmask against the logits rows."""
+def plan_of(logits: torch.Tensor) -> Plan | None:
+    """The plan of a step's logits (a row per request while it has one), else None."""
+    key = id(logits)
+    return _pending.get(key) if _logits_of.get(key) is logits else None
+
+
+def _draft_mask_rows(plan: Plan, scheduler_output: Any, grammar_output: Any, input_batch: Any) -> tuple[np.ndarray, list[int]]:
+    """(each draft row's row in the scheduler's bitmask, -1 for none; each structured request's
+    bonus row in it, in grammar_output's order), laid out as vLLM's apply_grammar_bitmask reads it."""
     spec = scheduler_output.scheduled_spec_decode_tokens
-    first_row: dict[str, int] = {}
-    offset = 0
-    for batch_index, req_id in enumerate(input_batch.req_ids):
-        first_row[req_id] = batch_index + offset
-        offset += len(spec.get(req_id, ()))
-    by_logits_row = {}
-    mask_index = 0
+    first_draft = np.concatenate([[0], np.cumsum(plan.num_drafts)])
+    index = {req_id: i for i, req_id in enumerate(input_batch.req_ids)}
+    mask_rows = np.full(int(first_draft[-1]), -1, dtype=np.int64)
+    bonus_rows = []
+    row = 0
     for req_id in grammar_output.structured_output_request_ids:
-        count = 1 + len(spec.get(req_id, ()))
-        start = first_row.get(req_id)
-        if start is not None:
-            for i in range(count):
-                by_logits_row[start + i] = mask_index + i
-        mask_index += count
-    return np.array([by_logits_row.get(int(row), -1) for row in plan.draft_rows], dtype=np.int64)
+        count = len(spec.get(req_id, ()))
+        i = index.get(req_id)
+        if i is not None and count == plan.num_drafts[i]:
+            mask_rows[first_draft[i] : first_draft[i] + count] = np.arange(row, row + count)
+        bonus_rows.append(row + count)
+        row += count + 1
+    return mask_rows, bonus_rows
 
 
 def _allowed(bitmask: np.ndarray, mask_rows: np.ndarray, vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(sparse: which draft rows are computed over their allowed tokens, their (row, token) pairs
-    as two arrays). A row without a mask row or allowing more than MAX_ALLOWED tokens is not sparse."""
-    sparse = mask_rows >= 0
+    """(narrow: the draft rows with a mask row allowing 1..MAX_ALLOWED tokens; their (row, token)
+    pairs as two arrays, tokens ascending within a row)."""
+    narrow = mask_rows >= 0
     words = np.zeros((len(mask_rows), bitmask.shape[1]), dtype=np.int32)
-    words[sparse] = bitmask[mask_rows[sparse]]
-    sparse &= np.count_nonzero(words, axis=1) <= MAX_ALLOWED
-    words[~sparse] = 0
+    words[narrow] = bitmask[mask_rows[narrow]]
+    narrow &= np.count_nonzero(words, axis=1) <= MAX_ALLOWED
+    words[~narrow] = 0
     row_of_word, word = np.nonzero(words)
     bits = (words[row_of_word, word][:, None] >> np.arange(32, dtype=np.int32)) & 1
     pair, bit = np.nonzero(bits)
@@ -162,21 +181,17 @@ def _allowed(bitmask: np.ndarray, mask_rows: np.ndarray, vocab: int) -> tuple[np
     inside = tokens < vocab
     rows, tokens = rows[inside], tokens[inside]
     counts = np.bincount(rows, minlength=len(mask_rows))
-    wide = sparse & (counts > MAX_ALLOWED)
-    if wide.any():
-        sparse &= ~wide
-        keep = sparse[rows]
-        rows, tokens = rows[keep], tokens[keep]
-    return sparse, rows, tokens
+    narrow &= (counts > 0) & (counts <= MAX_ALLOWED)
+    keep = narrow[rows]
+    return narrow, rows[keep], tokens[keep]
 
 
-def _sparse_logits(head: _Head, hidden: torch.Tensor, rows: np.ndarray, tokens: np.ndarray) -> torch.Tensor:
+def _head_logits(head: _Head, hidden: torch.Tensor, rows: np.ndarray, tokens: np.ndarray) -> torch.Tensor:
     """The head's logits of (draft row, token) pairs: one dot product each, accumulated in float32
     as a GEMM does, then the LogitsProcessor's soft cap and scale."""
     device = hidden.device
-    rows_t = torch.from_numpy(rows).to(device)
-    tokens_t = torch.from_numpy(tokens).to(device)
-    values = (hidden[rows_t].float() * head.weight[tokens_t].float()).sum(-1)
+    values = (hidden[torch.from_numpy(rows).to(device)].float()
+              * head.weight[torch.from_numpy(tokens).to(device)].float()).sum(-1)
     if head.soft_cap is not None:
         values = torch.tanh(values / head.soft_cap) * head.soft_cap
     if head.scale != 1.0:
@@ -184,18 +199,7 @@ def _sparse_logits(head: _Head, hidden: torch.Tensor, rows: np.ndarray, tokens: 
     return values
 
 
-def _dense(plan: Plan, which: np.ndarray) -> None:
-    """Draft rows `which` (indices into plan.draft_rows) computed whole by the model."""
-    if len(which) == 0:
-        return
-    index = torch.from_numpy(which).to(plan.hidden.device)
-    rows = torch.from_numpy(plan.draft_rows[which]).to(plan.logits.device)
-    plan.logits[rows] = plan.model.compute_logits(plan.hidden[index]).to(plan.logits.dtype)
-    metrics.add("forced_rows_whole", len(which))
-    metrics.add("forced_logits_computed", len(which) * plan.logits.shape[1])
-
-
-def _agrees(plan: Plan, head: _Head, row: int, tokens: np.ndarray, values: torch.Tensor) -> bool:
+def _agrees(plan: Plan, row: int, tokens: np.ndarray, values: torch.Tensor) -> bool:
     """Whether the model's own compute_logits gives one draft row's sparse values (once per model)."""
     reference = plan.model.compute_logits(plan.hidden[row : row + 1])[0, torch.from_numpy(tokens)].float()
     scale = float(reference.abs().max()) if reference.numel() else 0.0
@@ -207,30 +211,114 @@ def _agrees(plan: Plan, head: _Head, row: int, tokens: np.ndarray, values: torch
     return ok
 
 
-@torch.inference_mode()
-def complete(logits: torch.Tensor, scheduler_output: Any = None, grammar_output: Any = None, input_batch: Any = None) -> None:
-    """Compute the draft rows of `logits` if it is a planned batch's (else nothing): over their
-    allowed tokens where the grammar output gives a narrow mask row, whole otherwise."""
-    plan = _pending.pop(id(logits), None)
-    if plan is None or plan.logits is not logits or plan.done:
-        return
-    plan.done = True
-    every = np.arange(len(plan.draft_rows))
-    head = _head_of(plan.model)
-    if grammar_output is None or head is None or not _checked.get(plan.model, True):
-        _dense(plan, every)
-        return
-    mask_rows = _mask_rows_of(plan, scheduler_output, grammar_output, input_batch)
-    sparse, rows, tokens = _allowed(np.asarray(grammar_output.grammar_bitmask), mask_rows, logits.shape[1])
+def _table(plan: Plan, rows: np.ndarray, tokens: np.ndarray, values: torch.Tensor,
+           whole: dict[int, tuple[np.ndarray, torch.Tensor]]) -> None:
+    """Lay (row, token, value) triples and the whole rows' (tokens, values) into the plan's padded
+    (draft rows, K) table."""
+    n = len(plan.hidden)
+    counts = np.bincount(rows, minlength=n)
+    for row, (row_tokens, _) in whole.items():
+        counts[row] = len(row_tokens)
+    width = max(int(counts.max()) if n else 0, 1)
+    device = plan.hidden.device
+    table_tokens = torch.zeros((n, width), dtype=torch.int64, device=device)
+    table_values = torch.full((n, width), float("-inf"), dtype=torch.float32, device=device)
     if len(rows):
-        values = _sparse_logits(head, plan.hidden, rows, tokens)
-        if plan.model not in _checked:
-            first = rows[0]
-            if not _agrees(plan, head, int(first), tokens[rows == first], values[torch.from_numpy(rows == first)]):
-                _dense(plan, every)
-                return
-        target_rows = torch.from_numpy(plan.draft_rows[rows]).to(logits.device)
-        logits[target_rows, torch.from_numpy(tokens).to(logits.device)] = values.to(logits.dtype)
-    metrics.add("forced_rows_sparse", int(sparse.sum()))
+        starts = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))[:-1]])
+        columns = np.arange(len(rows)) - starts[rows]
+        index = (torch.from_numpy(rows).to(device), torch.from_numpy(columns).to(device))
+        table_tokens[index] = torch.from_numpy(tokens).to(device)
+        table_values[index] = values.float()
+    for row, (row_tokens, row_values) in whole.items():
+        table_tokens[row, : len(row_tokens)] = torch.from_numpy(row_tokens).to(device)
+        table_values[row, : len(row_tokens)] = row_values.float()
+    plan.tokens, plan.values = table_tokens, table_values
+
+
+def _whole_rows(plan: Plan, which: np.ndarray, masks: np.ndarray | None) -> dict[int, tuple[np.ndarray, torch.Tensor]]:
+    """Draft rows `which` computed over the vocabulary by the model, restricted to their mask rows
+    (`masks`, one per row; None: no mask, every token)."""
+    if len(which) == 0:
+        return {}
+    logits = plan.model.compute_logits(plan.hidden[torch.from_numpy(which).to(plan.hidden.device)])
+    vocab = logits.shape[1]
+    out = {}
+    for k, row in enumerate(which):
+        if masks is None or masks[k] is None:
+            tokens = np.arange(vocab)
+        else:
+            bits = np.unpackbits(masks[k].view(np.uint8), bitorder="little")[:vocab]
+            tokens = np.flatnonzero(bits)
+        out[int(row)] = (tokens, logits[k, torch.from_numpy(tokens).to(logits.device)])
+    metrics.add("forced_rows_whole", len(which))
+    metrics.add("forced_logits_computed", len(which) * vocab)
+    return out
+
+
+@torch.inference_mode()
+def take_masks(plan: Plan, logits: torch.Tensor, scheduler_output: Any, grammar_output: Any,
+               input_batch: Any) -> tuple[Any, Any]:
+    """The draft rows' allowed tokens and logits from the scheduler's bitmask; returns the
+    (scheduler output, grammar output) that vLLM's apply_grammar_bitmask should apply to the
+    step's `logits`, which have a row per request: its bonus rows only, as in a batch without drafts."""
+    mask_rows, bonus_rows = _draft_mask_rows(plan, scheduler_output, grammar_output, input_batch)
+    bitmask = np.asarray(grammar_output.grammar_bitmask)
+    narrow, rows, tokens = _allowed(bitmask, mask_rows, logits.shape[1])
+    head = _head_of(plan.model) if _checked.get(plan.model, True) else None
+    if head is None:
+        narrow[:] = False
+        rows, tokens = rows[:0], tokens[:0]
+    values = _head_logits(head, plan.hidden, rows, tokens) if len(rows) else torch.zeros(0)
+    if len(rows) and plan.model not in _checked:
+        first = rows[0]
+        if not _agrees(plan, int(first), tokens[rows == first], values[torch.from_numpy(rows == first)]):
+            narrow[:] = False
+            rows, tokens, values = rows[:0], tokens[:0], values[:0]
+    wide = np.flatnonzero(~narrow)
+    whole = _whole_rows(plan, wide, [bitmask[mask_rows[r]] if mask_rows[r] >= 0 else None for r in wide])
+    _table(plan, rows, tokens, values, whole)
+    metrics.add("forced_rows_sparse", int(narrow.sum()))
     metrics.add("forced_logits_computed", len(rows))
-    _dense(plan, every[~sparse])
+    changes: dict[str, Any] = {"grammar_bitmask": bitmask[bonus_rows]}
+    if getattr(grammar_output, "num_acceptable_drafts", None) is not None:
+        changes["num_acceptable_drafts"] = [0] * len(bonus_rows)
+    return SimpleNamespace(scheduled_spec_decode_tokens={}), dataclasses.replace(grammar_output, **changes)
+
+
+@torch.inference_mode()
+def verify(plan: Plan, sampler: Any, metadata: Any, logits: torch.Tensor, sampling_metadata: Any) -> Any:
+    """The step's output tokens (vLLM's SamplerOutput: a row per request, its accepted drafts then
+    the recovered or bonus token, -1 after): bonus tokens drawn by vLLM's sampler over `logits`
+    (the masked bonus rows), the drafts verified over the plan's table by vLLM's rejection_sample."""
+    from vllm.v1.outputs import SamplerOutput
+    from vllm.v1.sample import rejection_sampler as rejection
+
+    _pending.pop(id(logits), None)
+    _logits_of.pop(id(logits), None)
+    if plan.tokens is None:  # no mask reached the runner: whole rows, every token
+        _table(plan, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), torch.zeros(0),
+               _whole_rows(plan, np.arange(len(plan.hidden)), None))
+    bonus = sampler(logits=logits, sampling_metadata=dataclasses.replace(sampling_metadata, max_num_logprobs=None),
+                    predict_bonus_token=True).sampled_token_ids
+    drafts = metadata.draft_token_ids.to(plan.tokens.device).long()
+    found = plan.tokens == drafts[:, None]
+    # A draft's column in its row's table (a padded column, -inf, where its mask refuses it).
+    pad = torch.full_like(drafts, plan.tokens.shape[1])
+    columns = torch.where(found.any(1), found.int().argmax(1), pad)
+    values = torch.cat([plan.values, torch.full((len(drafts), 1), float("-inf"), device=plan.values.device)], 1)
+    tokens = torch.cat([plan.tokens, torch.zeros((len(drafts), 1), dtype=torch.int64, device=plan.tokens.device)], 1)
+    target = rejection.apply_sampling_constraints(values, metadata.cu_num_draft_tokens, sampling_metadata)
+    # The table's columns stand for tokens: the bonus tokens go in after (column 0 meanwhile).
+    out = rejection.rejection_sample(columns.to(metadata.draft_token_ids.dtype).contiguous(), metadata.num_draft_tokens,
+                                     metadata.max_spec_len, metadata.cu_num_draft_tokens, None, target.contiguous(),
+                                     torch.zeros_like(bonus).contiguous(), sampling_metadata)
+    num = torch.tensor(metadata.num_draft_tokens, device=out.device)
+    position = torch.arange(out.shape[1], device=out.device)[None, :]
+    at_draft = (position < num[:, None]) & (out >= 0)
+    first = torch.cumsum(num, 0) - num
+    row = (first[:, None] + position)[at_draft]
+    out[at_draft] = tokens[row, out[at_draft].long()].to(out.dtype)
+    at_bonus = (position == num[:, None]) & (out >= 0)  # every draft accepted
+    out[at_bonus] = bonus.reshape(-1, 1).expand_as(out)[at_bonus].to(out.dtype)
+    plan.verified = True
+    return SamplerOutput(sampled_token_ids=out, logprobs_tensors=None)

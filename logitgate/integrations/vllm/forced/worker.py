@@ -7,9 +7,10 @@ scheduled them as tokens); only the choice of logits rows is tied to the config:
 computes the logits of each request's last position. Here, for a batch with drafts, vLLM's own
 _calc_spec_decode_metadata picks every draft position and the bonus position, and the runner's
 rejection sampler (vLLM's RejectionSampler, created on first use; its kernels are logitgate's
-under `rejection`) verifies them under the masks the scheduler filled. The draft positions' logits
-are computed over the tokens their masks allow (sparse.py), once the masks reach the runner. A
-batch without drafts is untouched: vLLM's plain sampler, sample_first included.
+under `rejection`) verifies them under the masks the scheduler filled. Where sparse.plan_for allows,
+the forward computes the bonus rows only and the draft positions are computed and verified over the
+tokens their masks allow (sparse.py). A batch without drafts is untouched: vLLM's plain sampler,
+sample_first included.
 """
 from __future__ import annotations
 
@@ -29,10 +30,13 @@ def _verifier_class():
     from vllm.v1.sample.rejection_sampler import RejectionSampler
 
     class Verifier(RejectionSampler):
-        """vLLM's rejection sampler, after any draft rows no mask reached were computed whole."""
+        """vLLM's rejection sampler; a batch planned sparse is verified over its drafts' allowed
+        tokens (sparse.verify)."""
 
         def forward(self, metadata, draft_probs, logits, sampling_metadata):
-            sparse.complete(logits)
+            plan = sparse.plan_of(logits)
+            if plan is not None:
+                return sparse.verify(plan, self.sampler, metadata, logits, sampling_metadata)
             return super().forward(metadata, draft_probs, logits, sampling_metadata)
 
     return Verifier
@@ -66,10 +70,9 @@ def prepare_inputs_replacement(original: Callable, name: str) -> Callable:
         _rejection_sampler(self)
         _prepare_inputs.routed_calls += 1
         logits_indices = metadata.logits_indices
-        if sparse.plan_for(self):
-            plan = sparse.Plan(self.model, metadata.target_logits_indices.cpu().numpy(),
-                               metadata.bonus_logits_indices.cpu().numpy())
-            setattr(self, _PLAN, (plan, metadata))
+        if sparse.plan_for(self):  # the forward computes the bonus rows; the draft rows wait for their masks
+            positions = logits_indices[metadata.target_logits_indices]
+            setattr(self, _PLAN, (sparse.Plan(self.model, num_drafts), positions))
             logits_indices = logits_indices[metadata.bonus_logits_indices]
         return logits_indices, metadata, int(num_drafts.max()) + 1
 
@@ -77,8 +80,8 @@ def prepare_inputs_replacement(original: Callable, name: str) -> Callable:
 
 
 def execute_model_replacement(original: Callable, name: str) -> Callable:
-    """GPUModelRunner.execute_model: vLLM's; for a batch planned sparse, its logits become the full
-    (draft + bonus rows) tensor with the draft rows still to compute."""
+    """GPUModelRunner.execute_model: vLLM's; a batch planned sparse keeps its draft positions'
+    hidden states for the draft rows to be computed when their masks come."""
 
     def execute_model(self, scheduler_output, *args, **kwargs):
         output = original(self, scheduler_output, *args, **kwargs)
@@ -86,10 +89,8 @@ def execute_model_replacement(original: Callable, name: str) -> Callable:
         state = self.execute_model_state
         if planned is None or output is not None or state is None:
             return output
-        plan, metadata = planned
-        positions = metadata.logits_indices
-        full = sparse.expand(plan, state.logits, state.hidden_states, positions)
-        self.execute_model_state = state._replace(logits=full, sample_hidden_states=state.hidden_states[positions])
+        plan, positions = planned
+        sparse.track(plan, state.logits, state.hidden_states, positions)
         execute_model.routed_calls += 1
         return output
 
@@ -97,11 +98,15 @@ def execute_model_replacement(original: Callable, name: str) -> Callable:
 
 
 def apply_grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
-    """The runner's apply_grammar_bitmask: a planned batch's draft rows are computed over the
-    tokens their mask rows allow, then vLLM's masking."""
+    """The runner's apply_grammar_bitmask: a planned batch's draft rows take their allowed tokens'
+    logits from the bitmask; vLLM's masking then applies to its bonus rows (its logits' rows)."""
 
     def apply_grammar_bitmask(scheduler_output, grammar_output, input_batch, logits):
-        sparse.complete(logits, scheduler_output, grammar_output, input_batch)
+        plan = sparse.plan_of(logits)
+        if plan is not None:
+            scheduler_output, grammar_output = sparse.take_masks(plan, logits, scheduler_output, grammar_output,
+                                                                 input_batch)
+            apply_grammar_bitmask.routed_calls += 1
         return original(scheduler_output, grammar_output, input_batch, logits)
 
     return mark_replacement(apply_grammar_bitmask, original, name)

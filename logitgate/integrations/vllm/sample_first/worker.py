@@ -208,7 +208,7 @@ def sample_replacement(original: Callable, name: str) -> Callable:
         # With drafts (forced/), a request's token row is its bonus row; its drafts' rows are masked
         # by vLLM. A deferred row has none (the scheduler defers no drafted request): its token is
         # the bonus token, column 0 of the output, drawn by the sampler as a plain row's.
-        logits_row = _logits_rows(spec_decode_metadata)
+        logits_row = _logits_rows(spec_decode_metadata, logits)
         drafts = spec_decode_metadata.num_draft_tokens if spec_decode_metadata is not None else None
         if (drafts is not None and any(drafts[row[0]] for row in checked)) or not _vouches(self):
             first, checked = checked, []
@@ -258,9 +258,10 @@ def sample_replacement(original: Callable, name: str) -> Callable:
     return mark_replacement(_sample, original, name)
 
 
-def _logits_rows(spec_decode_metadata: Any) -> Callable[[int], int]:
-    """Batch row -> its token's logits row: itself without drafts, its bonus row with them."""
-    if spec_decode_metadata is None:
+def _logits_rows(spec_decode_metadata: Any, logits: torch.Tensor) -> Callable[[int], int]:
+    """Batch row -> its token's logits row: itself without drafts or where the logits have a row per
+    request (forced drafts verified sparsely), else its bonus row."""
+    if spec_decode_metadata is None or logits.shape[0] == len(spec_decode_metadata.num_draft_tokens):
         return lambda row: row
     bonus = spec_decode_metadata.bonus_logits_indices.tolist()
     return lambda row: bonus[row]
