@@ -64,10 +64,10 @@ def test_a_large_tree_compile_does_not_stop_plain_streams(server, demo):
 
 def test_large_trees_leave_no_memory_in_the_api_server(server, demo):
     """8 concurrent 30 MB tries (each new text): the API server's RSS 4 s after them (past its heap
-    trim, admission.TRIM_AFTER_S) stays within 40 MB of before (a 1 MB tree first; one text kept is 31 MB). Before the fix each request's
-    resolve made a class holding its tree text (a reference cycle, freed only by a full GC): after
-    20 such tries the API server kept 18 texts, +421-540 MB; now +7 MB (vLLM alone, same bytes in
-    the same key: +217 MB on this host, its heap not trimmed)."""
+    trim, admission.TRIM_AFTER_S) stays within 40 MB of before (a 1 MB tree first; one text kept
+    is 31 MB). Before the fix each request's resolve made a class holding its tree text (a
+    reference cycle, freed only by a full GC): +81 and +161 MB here; after 20 such tries the API
+    server kept 18 texts. Now +5 MB."""
     assert send(server, demo, "valid", trie_text(1, variant=101))[0] == 200  # the admission's imports, before
     time.sleep(2)
     before = api_server_rss_mb(server.proc.pid)
