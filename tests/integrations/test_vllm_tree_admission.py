@@ -224,7 +224,8 @@ def test_admission_ahead_is_handed_to_process_inputs():
         with tree_admission.handed_over(refused):
             with pytest.raises(ValueError) as err:
                 admit(bad, V, None)
-            assert err.value is refused.error and str(err.value).startswith("extra_args['tree_decode']: prefix_dict key")
+            assert str(err.value) == str(refused.error) and str(err.value).startswith("extra_args['tree_decode']: prefix_dict key")
+            assert refused.error.__traceback__ is None  # the admission keeps no frame (they hold the tree text)
         assert await tree_admission.admission(request(token_trie=json.dumps(TRIE)), V, None) is None  # no end token
 
     tree_admission._admitted_cache().clear()

@@ -116,17 +116,20 @@ def admit(request: Any, vocab_size: int, eos_token_id: int | None, limits: TreeL
     done = _handed_over.get()
     try:
         limits = limits or TreeLimits.from_env()
-        if done is not None and done[:4] == (request, vocab_size, end, limits):
-            if done.error is not None:
-                raise done.error
-            return done.shape
-        return _admit(request, vocab_size, end, limits)
+        if done is None or done[:4] != (request, vocab_size, end, limits):
+            return _admit(request, vocab_size, end, limits)
     except OSError as err:  # the operator's file vanished between lookup and stat
         raise ValueError(f"extra_args[{kind!r}]: the tree file cannot be read ({err.strerror})") from None
     except ValueError as err:
-        if done is not None and err is done.error:  # already says which key
-            raise
         raise ValueError(f"extra_args[{kind!r}]: {err}") from None
+    shape, error = done.shape, done.error
+    # A raise keeps this frame (its traceback): it must not hold the admission, whose request holds
+    # the tree text, nor raise the admission's own error (error -> traceback -> frame -> done ->
+    # error is a cycle, freed only by a full GC; issue 36, defect 5). A new error, same message.
+    del done
+    if error is not None:
+        raise ValueError(str(error)) from None  # already says which key
+    return shape
 
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -195,8 +198,8 @@ async def admission(request: Any, vocab_size: int, eos_token_id: int | None,
         return None
     try:
         shape = await asyncio.to_thread(admit, request, vocab_size, eos_token_id, limits)
-    except ValueError as err:
-        return Admission(request, vocab_size, end, limits, None, err)
+    except ValueError as err:  # its message alone: its traceback's frames hold the tree text
+        return Admission(request, vocab_size, end, limits, None, ValueError(str(err)))
     finally:
         if isinstance(request.source, (str, bytes)) and len(request.source) > INLINE_MAX_BYTES:
             _heaps_trimmed_later()

@@ -19,6 +19,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from .... import envs
@@ -135,11 +136,11 @@ def tree_request_for(sampling_params: Any) -> Any:
     args = resolve_tree_args(extra_args)
     request = None
     if args is not None:
-
-        class _Params:  # tree_request reads only .extra_args
-            extra_args = args
-
-        request = tree_request(_Params)
+        # tree_request reads only .extra_args. A namespace, not a class: a class is a reference
+        # cycle (its __mro__, its __dict__'s descriptors), freed only when the cycle collector
+        # next reaches its generation, and it held the request's tree text until then (the API
+        # server kept 18 texts of 31 MB after 20 concurrent tries: issue 36, defect 5).
+        request = tree_request(SimpleNamespace(extra_args=args))
     try:
         setattr(sampling_params, _RESOLVED_ATTR, (*source, request))
     except (AttributeError, TypeError):  # params without an instance dict: resolve again next time
