@@ -2,11 +2,11 @@
 interleaved round by round, so one run compares them on one host's load.
 
     .venv-vllm/bin/python -m logitgate.bench.forced_served [--models json_writer,random] [--backends xgrammar]
-        [--sides forced,whole,off,vllm] [--modes greedy,t1] [--drafts 8] [--rounds 2] [--out FILE]
+        [--sides forced,whole,off,vllm] [--modes greedy,t1] [--drafts 8] [--rounds 2] [--prompts 128] [--out FILE]
 
 Each server is `python -m vllm.entrypoints.openai.api_server` with vLLM's defaults (logitgate.bench.vllm's
 start_server and served_server_run: two warm-up rounds, then each case with vLLM's own benchmark
-client, 128 requests at concurrency 64, requests ending at the end token). The sides:
+client, `--prompts` requests at concurrency 64, requests ending at the end token). The sides:
 
 - `forced`: the plugin, forced drafts on (`LOGITGATE_VLLM_FORCED_DRAFTS=--drafts`), draft rows
   computed over the tokens their masks allow (forced/sparse.py);
@@ -103,7 +103,7 @@ def summarize(model: str, backend: str, runs: dict[str, list[dict]], cases: list
 
 
 def run(models: list[str], backends: list[str], sides: list[str], modes: list[str], drafts: int, rounds: int,
-        port: int = 8123) -> dict:
+        prompts: int, port: int = 8123) -> dict:
     from logitgate.bench.vllm import served_model, served_server_run
 
     logs = Path(os.environ.get("TMPDIR", "/tmp"))
@@ -117,7 +117,8 @@ def run(models: list[str], backends: list[str], sides: list[str], modes: list[st
                 for side in sides:
                     with_logitgate, env = side_env(side, drafts)
                     log = logs / f"bench_forced_served_{model}_{backend}_{side}_{r}.log"
-                    result = served_server_run(sys.executable, path, with_logitgate, port, log, backend, env, cases)
+                    result = served_server_run(sys.executable, path, with_logitgate, port, log, backend, env, cases,
+                                               prompts)
                     runs[side].append(result)
                     brief = {name: {k: v for k, v in case.items() if k != "texts"} if isinstance(case, dict) else case
                              for name, case in result.items()}
@@ -128,7 +129,7 @@ def run(models: list[str], backends: list[str], sides: list[str], modes: list[st
             identical[f"{model}/{backend}"] = {name: all(run[name]["texts"] == first[name]["texts"]
                                                          for side_runs in runs.values() for run in side_runs)
                                                for name in greedy}
-    return {"benchmark": "forced_served", "drafts": drafts, "rounds": rounds, "sides": sides, "rows": rows,
+    return {"benchmark": "forced_served", "drafts": drafts, "rounds": rounds, "prompts": prompts, "sides": sides, "rows": rows,
             "greedy_identical": identical}
 
 
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--modes", default="greedy,t1", help=f"comma list of {', '.join(MODES)}")
     parser.add_argument("--drafts", type=int, default=8, help="forced tokens a request may propose a step")
     parser.add_argument("--rounds", type=int, default=2, help="servers per side (interleaved)")
+    parser.add_argument("--prompts", type=int, default=128, help="requests per case (at concurrency 64)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
 
@@ -155,8 +157,8 @@ def main(argv: list[str] | None = None) -> dict:
     backends = listed(args.backends, SERVED_BACKENDS, "backends")
     sides = listed(args.sides, SIDES, "sides")
     modes = listed(args.modes, MODES, "modes")
-    if args.drafts < 1 or args.rounds < 1:
-        parser.error("--drafts and --rounds: at least 1")
+    if args.drafts < 1 or args.rounds < 1 or args.prompts < 1:
+        parser.error("--drafts, --rounds and --prompts: at least 1")
     from logitgate.bench.harness import emit
 
     try:
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
         result = {"benchmark": "forced_served", "skipped": f"no vLLM in {sys.executable}: {exc}", "rows": []}
         emit(result, args.out)
         return result
-    result = run(models, backends, sides, modes, args.drafts, args.rounds)
+    result = run(models, backends, sides, modes, args.drafts, args.rounds, args.prompts)
     emit(result, args.out)
     return result
 

@@ -415,9 +415,10 @@ def served_cases() -> list[tuple[str, dict | None, str]]:
 
 
 def served_server_run(python: str, path: Path, with_logitgate: bool, port: int, log: Path, backend: str,
-                      extra_env: dict | None = None, cases: list[tuple[str, dict | None, str]] | None = None) -> dict:
+                      extra_env: dict | None = None, cases: list[tuple[str, dict | None, str]] | None = None,
+                      prompts_n: int = SERVED_PROMPTS) -> dict:
     """One server (the plugin loaded or not, `extra_env` over its environment): two warm-up rounds,
-    then each of `cases` (default: served_cases()) with vLLM's benchmark client."""
+    then each of `cases` (default: served_cases()) with vLLM's benchmark client, `prompts_n` requests each."""
     from logitgate.models.json_records import SCHEMAS
 
     server = start_server(python, path, with_logitgate, port, extra_env=extra_env, log=log, backend=backend)
@@ -428,7 +429,7 @@ def served_server_run(python: str, path: Path, with_logitgate: bool, port: int, 
         runs = {"start_s": start_s}
         for name, schema, mode in cases or served_cases():
             before = metrics_text(port)
-            out = bench_client(path, port, schema, SERVED_MODES[mode])
+            out = bench_client(path, port, schema, SERVED_MODES[mode], prompts_n=prompts_n)
             after = metrics_text(port)
             out["phases"] = phase_breakdown(phase_sums(before), phase_sums(after))
             counted = logitgate_counts(before)

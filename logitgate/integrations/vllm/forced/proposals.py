@@ -53,9 +53,10 @@ def backend_of(grammar: Any) -> str | None:
     return None
 
 
-def forced_for(backend: str, grammar: Any, encode: Any, limit: int) -> list[int]:
+def forced_for(backend: str, grammar: Any, encode: Any, limit: int, last_token: str = "keep") -> list[int]:
     """At most `limit` tokens `grammar` fixes next (mask-forced first, then the canonical
-    tokenization of a forced string); the grammar is left as it was."""
+    tokenization of a forced string, its last token left out with last_token="drop"); the grammar
+    is left as it was."""
     if grammar.is_terminated():
         return []
     if backend == "tree":
@@ -66,7 +67,20 @@ def forced_for(backend: str, grammar: Any, encode: Any, limit: int) -> list[int]
         return forced.llguidance_forced_tokens(grammar.ll_matcher, limit).tokens
     # vocab_size=None: no mask fill per looked-at token (a 128k-token fill costs more than the
     # pass it could save); every token is proposed as a draft and verified under its mask.
-    return forced.xgrammar_forced_tokens(grammar.matcher, encode, limit).tokens
+    return forced.xgrammar_forced_tokens(grammar.matcher, encode, limit, last_token=last_token).tokens
+
+
+def last_token_rule(manager: Any, request: Any) -> str:
+    """"drop" where this engine samples the request's free rows first (sample_first): the position
+    after a forced string is a free one, and as a draft's bonus row vLLM would fill its mask (the
+    costly kind: inside a string value), a fill sample_first spares the row; ending the drafts one
+    token short puts the bonus row inside the forced string (a fill of microseconds) and leaves the
+    free row to the next step, deferred. "keep" elsewhere (every row is filled anyway: GPU and NPU
+    hosts), where the last token is a draft that saves a pass when accepted (docs/benchmarks.md:
+    0.64 against 0.76 passes per token, bounded greedy)."""
+    from ..sample_first.scheduler import defers_rows
+
+    return "drop" if defers_rows(manager, request) else "keep"
 
 
 def _limit(request: Any, drafts: int, max_model_len: int, spec_tokens: int) -> int:
@@ -98,7 +112,7 @@ def propose(manager: Any, request: Any, drafts: int, encode: Any) -> list[int]:
         return []
     config = manager.vllm_config
     limit = _limit(request, drafts, config.model_config.max_model_len, config.num_speculative_tokens)
-    tokens = forced_for(backend, grammar, encode, limit) if limit > 0 else []
+    tokens = forced_for(backend, grammar, encode, limit, last_token_rule(manager, request)) if limit > 0 else []
     if tokens:
         setattr(request, MARK, (backend, len(tokens)))
         metrics.add(f"forced_proposed_{backend}", len(tokens))

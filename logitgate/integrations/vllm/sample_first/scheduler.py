@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .. import metrics
-from ..patching import mark_replacement
+from ..patching import is_replacement, mark_replacement
 from . import min_tokens_pending, row_can_sample_first, validates_as_its_mask
 from .layout import runner_handles_deferred, runners, why_not_one_cpu_worker
 from .policy import Policy, RowState
@@ -80,6 +80,14 @@ def _deferral(manager: Any, state: EngineState) -> str | None:
     if state.worker_mirrors and getattr(manager, "reasoner_cls", None) is None:
         return MIRRORED
     return None
+
+
+def defers_rows(manager: Any, request: Any) -> bool:
+    """Whether this engine samples `request`'s free rows first (its rows are then deferred, not
+    filled): sample_first installed, deferring here, and the request's parameters allow it."""
+    if not is_replacement(getattr(type(manager), "grammar_bitmask", None)):
+        return False
+    return _deferral(manager, engine_state(manager)) is not None and row_can_sample_first(request.sampling_params)
 
 
 def _backend_name(manager: Any, state: EngineState) -> str | None:
