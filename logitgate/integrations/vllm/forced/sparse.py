@@ -201,9 +201,9 @@ def _head_logits(head: _Head, hidden: torch.Tensor, rows: np.ndarray, tokens: np
 
 def _agrees(plan: Plan, row: int, tokens: np.ndarray, values: torch.Tensor) -> bool:
     """Whether the model's own compute_logits gives one draft row's sparse values (once per model)."""
-    reference = plan.model.compute_logits(plan.hidden[row : row + 1])[0, torch.from_numpy(tokens)].float()
-    scale = float(reference.abs().max()) if reference.numel() else 0.0
-    ok = bool(torch.allclose(values.float().cpu(), reference.cpu(), rtol=_CHECK_RTOL, atol=_CHECK_RTOL * max(scale, 1.0)))
+    expected = plan.model.compute_logits(plan.hidden[row : row + 1])[0, torch.from_numpy(tokens)].float()
+    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    ok = bool(torch.allclose(values.float().cpu(), expected.cpu(), rtol=_CHECK_RTOL, atol=_CHECK_RTOL * max(scale, 1.0)))
     _checked[plan.model] = ok
     if not ok:
         logger.warning("logitgate forced drafts: this model's logits are not its head's matrix product (a bias, a "
