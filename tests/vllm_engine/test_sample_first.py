@@ -177,14 +177,32 @@ def test_a_rejected_greedy_row_is_settled_among_its_best_keys():
     assert report_of(output).outcomes["r0"].how == "redrawn"
 
 
-def test_speculative_batches_are_masked_before_sampling():
+def test_in_a_batch_with_drafts_a_row_without_drafts_samples_first():
+    """Forced drafts (forced/): a request without drafts in a batch with drafts is deferred as in
+    any batch; its token is its bonus token, checked and settled as a plain row's (logits with a
+    row per request: the sparse verification's)."""
     logits = torch.randn(2, 64)
     grammars = [AllowedSet({4, 50}), AllowedSet({63})]
-    runner = make_runner(logits, [0.0, 0.0], spec=object())
+    spec = SimpleNamespace(num_draft_tokens=[0, 0], bonus_logits_indices=torch.tensor([0, 1]))
+    runner = make_runner(logits, [0.0, 0.0], spec=spec)
     tokens = sample(runner, grammars, [0.0, 0.0])
     assert tokens == [int(masked(logits[0], {4, 50}).argmax()), 63]
+    assert all(g.checks >= 1 for g in grammars)  # sampled first, then checked
+    assert not torch.isinf(runner.seen_logits).any()  # the sampler saw the unmasked rows
+
+
+def test_a_deferred_row_with_drafts_is_masked_before_sampling_at_its_bonus_row():
+    """A deferred row of a request with drafts (the scheduler defers none) is masked before
+    sampling, at its own logits row (after its draft rows), not at its batch index."""
+    logits = torch.randn(3, 64)  # r0: a draft row then its bonus row; r1: its bonus row
+    grammars = [AllowedSet({4, 50}), AllowedSet({63})]
+    spec = SimpleNamespace(num_draft_tokens=[1, 0], bonus_logits_indices=torch.tensor([1, 2]))
+    runner = make_runner(logits, [0.0, 0.0], spec=spec)
+    runner.input_batch.req_id_to_index = {"r0": 0, "r1": 1}
+    sample(runner, grammars, [0.0, 0.0])
     assert [g.fills for g in grammars] == [1, 1] and [g.checks for g in grammars] == [0, 0]
-    assert torch.isinf(runner.seen_logits[0]).sum() == 62  # the sampler saw the masked row
+    assert torch.isinf(runner.seen_logits[1]).sum() == 62 and torch.isinf(runner.seen_logits[2]).sum() == 63
+    assert not torch.isinf(runner.seen_logits[0]).any()  # the draft row is vLLM's (its mask from the scheduler)
 
 
 def test_an_argmax_invariant_processor_that_is_not_vllms_makes_the_worker_fill():
