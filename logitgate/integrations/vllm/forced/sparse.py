@@ -121,11 +121,10 @@ class Plan:
     hidden: torch.Tensor | None = None  # (draft rows, hidden)
     tokens: torch.Tensor | None = None  # (draft rows, K) int64: allowed token ids, padded with 0
     values: torch.Tensor | None = None  # (draft rows, K) float32 logits, padded with -inf
-    verified: bool = False
 
 
-_pending: dict[int, Plan] = {}  # id(the step's logits) -> its plan (which keeps the tensor alive), until verified
-_logits_of: dict[int, torch.Tensor] = {}
+# id(the step's logits) -> (those logits, kept alive so the id is not reused; their plan), until verified
+_pending: dict[int, tuple[torch.Tensor, Plan]] = {}
 
 
 @torch.inference_mode()
@@ -134,16 +133,14 @@ def track(plan: Plan, logits: torch.Tensor, hidden_states: torch.Tensor, positio
     positions of the draft rows, whose hidden states are kept."""
     plan.hidden = hidden_states[positions]
     while len(_pending) >= _MAX_PENDING:  # entries of steps that failed before verification
-        oldest = next(iter(_pending))
-        del _pending[oldest], _logits_of[oldest]
-    _pending[id(logits)] = plan
-    _logits_of[id(logits)] = logits
+        del _pending[next(iter(_pending))]
+    _pending[id(logits)] = (logits, plan)
 
 
 def plan_of(logits: torch.Tensor) -> Plan | None:
     """The plan of a step's logits (a row per request while it has one), else None."""
-    key = id(logits)
-    return _pending.get(key) if _logits_of.get(key) is logits else None
+    held, plan = _pending.get(id(logits), (None, None))
+    return plan if held is logits else None
 
 
 def _draft_mask_rows(plan: Plan, scheduler_output: Any, grammar_output: Any, input_batch: Any) -> tuple[np.ndarray, list[int]]:
@@ -294,7 +291,6 @@ def verify(plan: Plan, sampler: Any, metadata: Any, logits: torch.Tensor, sampli
     from vllm.v1.sample import rejection_sampler as rejection
 
     _pending.pop(id(logits), None)
-    _logits_of.pop(id(logits), None)
     if plan.tokens is None:  # no mask reached the runner: whole rows, every token
         _table(plan, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), torch.zeros(0),
                _whole_rows(plan, np.arange(len(plan.hidden)), None))
@@ -320,5 +316,4 @@ def verify(plan: Plan, sampler: Any, metadata: Any, logits: torch.Tensor, sampli
     out[at_draft] = tokens[row, out[at_draft].long()].to(out.dtype)
     at_bonus = (position == num[:, None]) & (out >= 0)  # every draft accepted
     out[at_bonus] = bonus.reshape(-1, 1).expand_as(out)[at_bonus].to(out.dtype)
-    plan.verified = True
     return SamplerOutput(sampled_token_ids=out, logprobs_tensors=None)
