@@ -1,6 +1,7 @@
-"""forced/proposals.py's choice of the last token of a forced string: left out ("drop") where the
-engine samples the request's free rows first (sample_first: the draft's bonus row would be a free
-state vLLM fills), proposed ("keep") elsewhere."""
+"""forced/proposals.py's choice of the last token of a forced string: proposed ("keep") where every
+row is filled anyway, or where sample_first would defer the request's next row (the bonus row after
+the string is then deferred past the drafts); left out ("drop") where the engine samples first but
+would fill that row (the bonus row would be a free state vLLM fills)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -10,6 +11,7 @@ import pytest
 from logitgate.integrations.vllm.forced import proposals
 from logitgate.integrations.vllm.patching import mark_replacement
 from logitgate.integrations.vllm.sample_first import scheduler
+from logitgate.integrations.vllm.sample_first.policy import FIRST_WAIT
 
 
 def _fill(self, *args):
@@ -30,14 +32,34 @@ def _request(**params):
 
 
 @pytest.mark.parametrize("where,manager,params,rule", [
-    ("local", _SampleFirstManager, {}, "drop"),
-    ("mirrored", _SampleFirstManager, {"temperature": 1.0}, "drop"),
+    ("local", _SampleFirstManager, {}, "drop"),  # (no grammar backend yet: the row would be filled)
     (None, _SampleFirstManager, {}, "keep"),  # sample_first off in this engine (a GPU, several workers...)
     ("local", _PlainManager, {}, "keep"),  # sample_first not installed
     ("local", _SampleFirstManager, {"logprobs": 2}, "keep"),  # a row that never samples first
     ("local", _SampleFirstManager, {"temperature": 1.0, "top_p": 0.9}, "keep"),
 ])
-def test_the_last_token_is_left_out_where_free_rows_sample_first(monkeypatch, where, manager, params, rule):
+def test_the_last_token_is_kept_where_every_row_is_filled(monkeypatch, where, manager, params, rule):
     monkeypatch.setattr(scheduler, "_deferral", lambda manager, state: where)
     monkeypatch.setattr(scheduler, "engine_state", lambda manager: None)
     assert proposals.last_token_rule(manager(), _request(**params)) == rule
+
+
+@pytest.mark.parametrize("where,candidate,mirror,wait,rule", [
+    ("local", True, "", 0, "keep"),  # the next row would be deferred: the bonus row is, past the drafts
+    ("mirrored", True, "ready", 0, "keep"),
+    ("mirrored", True, "asked", 0, "drop"),  # the worker's mirror not compiled yet: the row is filled
+    ("local", True, "", FIRST_WAIT, "drop"),  # the policy fills this request's rows for now
+    ("local", False, "", 0, "drop"),  # a grammar whose rows are filled first (llguidance's, a tree)
+])
+def test_the_last_token_is_kept_where_the_bonus_row_would_be_deferred(monkeypatch, where, candidate, mirror, wait,
+                                                                       rule):
+    state = scheduler.EngineState()
+    monkeypatch.setattr(scheduler, "_deferral", lambda manager, _: where)
+    monkeypatch.setattr(scheduler, "engine_state", lambda manager: state)
+    monkeypatch.setattr(scheduler, "_backend_name", lambda manager, _: "xgrammar")
+    monkeypatch.setattr(scheduler, "_candidate", lambda manager, request: object() if candidate else None)
+    request = _request()
+    row = scheduler.row_state(request)
+    row.mirror, row.wait, row.acceptance = mirror, wait, 0.9
+    assert proposals.last_token_rule(_SampleFirstManager(), request) == rule
+    assert row.wait == wait  # a prediction: the policy's wait is counted down only when the bitmask is made

@@ -191,18 +191,132 @@ def test_in_a_batch_with_drafts_a_row_without_drafts_samples_first():
     assert not torch.isinf(runner.seen_logits).any()  # the sampler saw the unmasked rows
 
 
-def test_a_deferred_row_with_drafts_is_masked_before_sampling_at_its_bonus_row():
-    """A deferred row of a request with drafts (the scheduler defers none) is masked before
-    sampling, at its own logits row (after its draft rows), not at its batch index."""
-    logits = torch.randn(3, 64)  # r0: a draft row then its bonus row; r1: its bonus row
-    grammars = [AllowedSet({4, 50}), AllowedSet({63})]
-    spec = SimpleNamespace(num_draft_tokens=[1, 0], bonus_logits_indices=torch.tensor([1, 2]))
-    runner = make_runner(logits, [0.0, 0.0], spec=spec)
-    runner.input_batch.req_id_to_index = {"r0": 0, "r1": 1}
-    sample(runner, grammars, [0.0, 0.0])
-    assert [g.fills for g in grammars] == [1, 1] and [g.checks for g in grammars] == [0, 0]
-    assert torch.isinf(runner.seen_logits[1]).sum() == 62 and torch.isinf(runner.seen_logits[2]).sum() == 63
-    assert not torch.isinf(runner.seen_logits[0]).any()  # the draft row is vLLM's (its mask from the scheduler)
+class Stepping(AllowedSet):
+    """A grammar of vLLM's interface whose allowed set depends on how many tokens it took
+    (`states[i]` after i tokens), advanced and rolled back as vLLM's xgrammar grammar is."""
+
+    def __init__(self, states):
+        super().__init__(states[0])
+        self.states, self.taken = [set(s) for s in states], 0
+        self.seen_at = []  # the state each check and fill was made at
+
+    def _at(self):
+        self.allowed = self.states[min(self.taken, len(self.states) - 1)]
+        self.seen_at.append(self.taken)
+
+    def validate_tokens(self, tokens):
+        out, taken = [], self.taken
+        for token in tokens:
+            if token not in self.states[min(taken, len(self.states) - 1)]:
+                break
+            out.append(token)
+            taken += 1
+        self.checks += 1
+        self.seen_at.append(self.taken)
+        return out
+
+    def fill_bitmask(self, bitmask, index):
+        self._at()
+        super().fill_bitmask(bitmask, index)
+
+    def accept_tokens(self, request_id, tokens):
+        if len(self.validate_tokens(tokens)) != len(tokens):
+            return False
+        self.taken += len(tokens)
+        return True
+
+    def rollback(self, count):
+        self.taken -= count
+
+
+def drafted_runner(logits, temperatures, drafts, accepted, recovered=99):
+    """A stand-in runner for a batch with drafts, as the sparse verification lays it out: `logits`
+    has a row per request (its bonus row); each row's output is its `accepted[r]` first drafts, then
+    the sampler's bonus token where every draft was accepted, else `recovered` (a token of the
+    rejected draft's masked row), -1 after."""
+    runner = make_runner(logits, temperatures)
+    counts = [len(d) for d in drafts]
+    runner.spec = SimpleNamespace(num_draft_tokens=counts, draft_token_ids=torch.tensor([t for d in drafts for t in d]),
+                                  bonus_logits_indices=torch.arange(len(drafts)))
+    runner.execute_model_state = SimpleNamespace(scheduler_output=SimpleNamespace(
+        scheduled_spec_decode_tokens={f"r{r}": d for r, d in enumerate(drafts) if d}))
+
+    def original__sample(self, logits, spec):
+        self.seen_logits = logits.clone()
+        bonus = self.sampler.sample(logits, self.input_batch.sampling_metadata)
+        out = torch.full((len(drafts), 1 + max(counts)), -1, dtype=torch.int32)
+        for r, tokens in enumerate(drafts):
+            out[r, : accepted[r]] = torch.tensor(tokens[: accepted[r]], dtype=torch.int32)
+            out[r, accepted[r]] = int(bonus[r]) if accepted[r] == len(tokens) else recovered
+        return SimpleNamespace(sampled_token_ids=out, req_ids=list(self.input_batch.req_id_to_index))
+
+    from logitgate.integrations.vllm.sample_first import worker as sf
+
+    runner._sample = sf.sample_replacement(original__sample, "_sample").__get__(runner)
+    return runner
+
+
+def drafted_sample(runner, grammars, temperatures):
+    width = math.ceil(runner.logits.shape[1] / 32)
+    entries = {f"r{i}": (g, t, 0, ()) for i, (g, t) in enumerate(zip(grammars, temperatures))}
+    return runner.sample_tokens(deferred_output(entries, width))
+
+
+@pytest.mark.parametrize("bonus_first_choice,expected", [(40, 40), (5, 41)])
+def test_a_drafted_rows_bonus_token_is_checked_past_its_drafts(bonus_first_choice, expected):
+    """Forced drafts ending a forced string leave a free bonus row, which the scheduler defers: its
+    draw is checked at the grammar's state past the drafts (token 5 is allowed before them, not
+    after: redrawn to the masked argmax there), and the grammar is rolled back after the step."""
+    logits = torch.zeros(2, 64)
+    logits[0, bonus_first_choice], logits[0, 41], logits[1, 63] = 9.0, 5.0, 1.0
+    grammars = [Stepping([{5}, {6}, {40, 41}]), AllowedSet({63})]
+    runner = drafted_runner(logits, [0.0, 0.0], drafts=[[5, 6], []], accepted=[2, 0])
+    output = drafted_sample(runner, grammars, [0.0, 0.0])
+    assert output.sampled_token_ids.tolist() == [[5, 6, expected], [63, -1, -1]]
+    assert grammars[0].taken == 0 and grammars[0].fills == 0 and grammars[0].seen_at[-1] == 2
+    outcomes = report_of(output).outcomes
+    assert outcomes["r0"].how == ("accepted" if expected == bonus_first_choice else "redrawn")
+    assert outcomes["r1"].how == "accepted"
+    assert not torch.isinf(runner.seen_logits).any()  # the sampler saw the unmasked rows
+
+
+def test_a_drafted_row_whose_draft_was_rejected_has_nothing_to_check():
+    """Where the verification rejected a draft, the row's token came from that draft's masked row
+    (the recovered token): its bonus draw is not used, not checked, and no outcome is reported."""
+    logits = torch.zeros(1, 64)
+    logits[0, 3] = 9.0  # a bonus draw the grammar would refuse
+    grammar = Stepping([{5}, {6}, {40}])
+    runner = drafted_runner(logits, [0.0], drafts=[[5, 6]], accepted=[1], recovered=7)
+    output = drafted_sample(runner, [grammar], [0.0])
+    assert output.sampled_token_ids.tolist() == [[5, 7, -1]]
+    assert "r0" not in report_of(output).outcomes and grammar.taken == 0 and grammar.fills == 0
+
+
+def test_a_drafted_row_whose_grammar_refuses_its_drafts_is_left_unchecked():
+    """A grammar that refuses the drafts its scheduler's twin filled masks for (a mirror out of
+    step) cannot check the bonus row: reported unchecked, the draw kept for the scheduler's grammar."""
+    logits = torch.zeros(1, 64)
+    logits[0, 3] = 9.0
+    grammar = Stepping([{8}, {6}, {40}])
+    runner = drafted_runner(logits, [0.0], drafts=[[5, 6]], accepted=[2])
+    output = drafted_sample(runner, [grammar], [0.0])
+    assert output.sampled_token_ids.tolist() == [[5, 6, 3]]
+    outcome = report_of(output).outcomes["r0"]
+    assert outcome.how == "unchecked" and "[5, 6]" in outcome.why and grammar.taken == 0
+
+
+def test_a_drafted_row_the_worker_cannot_vouch_for_is_masked_past_its_drafts():
+    """Where the worker fills deferred rows before sampling (a processor that is not vLLM's), a
+    drafted row's bonus row is masked with the grammar's state past its drafts."""
+    logits = torch.zeros(1, 64)
+    logits[0, 5] = 9.0
+    grammar = Stepping([{5}, {40, 41}])
+    runner = drafted_runner(logits, [0.0], drafts=[[5]], accepted=[1])
+    runner.input_batch.logitsprocs = SimpleNamespace(argmax_invariant=[], non_argmax_invariant=[object()])
+    output = drafted_sample(runner, [grammar], [0.0])
+    assert output.sampled_token_ids.tolist() == [[5, 40]]
+    assert grammar.fills == 1 and grammar.seen_at[-1] == 1 and grammar.taken == 0
+    assert report_of(output).outcomes["r0"].how == "filled"
 
 
 def test_an_argmax_invariant_processor_that_is_not_vllms_makes_the_worker_fill():
@@ -452,6 +566,36 @@ def test_rows_in_a_forced_state_and_rows_that_cannot_sample_first_are_filled(tok
     assert set(out.deferred) == {"free"}
     np.testing.assert_array_equal(out[0], -1)
     assert (out[1] != -1).any() and (out[2] != -1).any()  # vLLM's fill
+    del runner
+    layout.runners.clear()
+
+
+def test_a_free_bonus_row_after_forced_drafts_is_deferred_and_their_rows_are_vllms(tokenizer):
+    """Forced drafts that end the forced string (BONUS_FREE) leave a free bonus row: it is deferred
+    (all-ones), while its draft rows are exactly vLLM's fill of them; drafts ending inside the string
+    keep every row vLLM's. The grammars are where they were."""
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from logitgate.integrations.vllm.sample_first import layout
+    from logitgate.integrations.vllm.sample_first.protocol import BONUS_FREE
+
+    scheduler = Scheduler("xgrammar")
+    free, inside = scheduler.add("free"), scheduler.add("inside")  # at the start '{"name":"' is forced
+    drafts = tokenizer.encode('{"name":"', add_special_tokens=False)
+    spec = {"free": drafts, "inside": drafts[:-1]}
+    free.__dict__[BONUS_FREE], inside.__dict__[BONUS_FREE] = True, False
+    runner = make_runner(torch.zeros(1, 8), [0.0])
+    runner.sample_tokens(None)
+    out = scheduler._fill(scheduler.manager, scheduler.requests, ["free", "inside"], spec)
+    expected = StructuredOutputManager.grammar_bitmask(scheduler.manager, scheduler.requests, ["free", "inside"], spec).copy()
+    k = len(drafts)
+    assert set(out.deferred) == {"free"} and out.shape[0] == k + 1 + k
+    np.testing.assert_array_equal(out[:k], expected[:k])  # the draft rows
+    np.testing.assert_array_equal(out[k], -1)  # the bonus row, deferred
+    assert (expected[k] != -1).any()  # (vLLM would have filled it)
+    np.testing.assert_array_equal(out[k + 1 :], expected[k + 1 :])
+    for req in (free, inside):
+        assert req.structured_output_request.grammar.num_processed_tokens == 0
     del runner
     layout.runners.clear()
 

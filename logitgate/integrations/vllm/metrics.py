@@ -93,6 +93,7 @@ COUNTERS: dict[str, Counter] = _declare(
     Counter("scheduler_fill_wait_seconds", "seconds engine steps waited for their bitmask (the fill not hidden behind "
                                            "the forward pass)"),
     Counter("sample_first_rows_deferred", "rows the scheduler left unfilled to sample first (sample_first)"),
+    Counter("sample_first_bonus_rows_deferred", "of those, bonus rows after forced drafts (checked past the drafts)"),
     Counter("sample_first_rows_accepted", "deferred rows whose first draw their grammar accepted"),
     Counter("sample_first_rows_redrawn", "deferred rows whose draw was rejected, settled among their best keys"),
     Counter("sample_first_rows_filled", "deferred rows whose draw was rejected, settled through a mask the worker filled"),

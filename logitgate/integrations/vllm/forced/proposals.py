@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import metrics
+from ..sample_first.protocol import BONUS_FREE
 
 __all__ = ["BACKENDS", "backend_of", "forced_for", "propose", "why_not_drafted"]
 
@@ -71,16 +72,18 @@ def forced_for(backend: str, grammar: Any, encode: Any, limit: int, last_token: 
 
 
 def last_token_rule(manager: Any, request: Any) -> str:
-    """"drop" where this engine samples the request's free rows first (sample_first): the position
-    after a forced string is a free one, and as a draft's bonus row vLLM would fill its mask (the
-    costly kind: inside a string value), a fill sample_first spares the row; ending the drafts one
-    token short puts the bonus row inside the forced string (a fill of microseconds) and leaves the
-    free row to the next step, deferred. "keep" elsewhere (every row is filled anyway: GPU and NPU
-    hosts), where the last token is a draft that saves a pass when accepted (docs/benchmarks.md:
-    0.64 against 0.76 passes per token, bounded greedy)."""
-    from ..sample_first.scheduler import defers_rows
+    """How a forced string's drafts end: "keep" its last token where every row is filled anyway
+    (GPU and NPU hosts) or where the engine samples free rows first and would defer this request's
+    next row (sample_first): the bonus row after the string is then a free state, deferred past
+    the drafts like any free row. "drop" where the engine samples first but would fill that row
+    (its mirror not ready, the policy filling it): a free bonus row would cost a fill (the costly
+    kind, inside a string value) that ending one token short avoids, the bonus row then inside the
+    string (a fill of microseconds) and the free row left to the next step (docs/benchmarks.md)."""
+    from ..sample_first.scheduler import bonus_may_sample_first, defers_rows
 
-    return "drop" if defers_rows(manager, request) else "keep"
+    if not defers_rows(manager, request):
+        return "keep"
+    return "keep" if bonus_may_sample_first(manager, request) else "drop"
 
 
 def _limit(request: Any, drafts: int, max_model_len: int, spec_tokens: int) -> int:
@@ -98,6 +101,7 @@ def propose(manager: Any, request: Any, drafts: int, encode: Any) -> list[int]:
     """The forced tokens `request` proposes for its next step (written to its spec_token_ids by
     the caller), counted as proposed for its backend; [] when it proposes none."""
     request.__dict__.pop(MARK, None)
+    request.__dict__.pop(BONUS_FREE, None)
     structured = request.structured_output_request
     if structured is None or request.is_finished() or why_not_drafted(request.sampling_params):
         return []
@@ -112,9 +116,15 @@ def propose(manager: Any, request: Any, drafts: int, encode: Any) -> list[int]:
         return []
     config = manager.vllm_config
     limit = _limit(request, drafts, config.model_config.max_model_len, config.num_speculative_tokens)
-    tokens = forced_for(backend, grammar, encode, limit, last_token_rule(manager, request)) if limit > 0 else []
+    if limit <= 0:
+        return []
+    rule = last_token_rule(manager, request)
+    tokens = forced_for(backend, grammar, encode, limit, rule)
     if tokens:
         setattr(request, MARK, (backend, len(tokens)))
+        # Drafts that end the forced string (fewer than the limit: the grammar is free after them)
+        # leave a free bonus row, which sample_first may defer past them.
+        setattr(request, BONUS_FREE, rule == "keep" and len(tokens) < limit)
         metrics.add(f"forced_proposed_{backend}", len(tokens))
     return tokens
 

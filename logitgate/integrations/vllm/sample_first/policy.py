@@ -102,6 +102,13 @@ class Policy:
             return False
         return True
 
+    def would_sample_first(self, row: RowState) -> bool:
+        """What samples_first would answer now, without counting down the wait (for a decision
+        made a step ahead: forced drafts choose where their drafts end by it)."""
+        if row.acceptance is None:
+            return self.acceptance > self.costs.break_even()
+        return row.wait == 0
+
     def record(self, row: RowState, accepted: bool) -> None:
         """A deferred row's outcome: was its first draw accepted?"""
         outcome = 1.0 if accepted else 0.0

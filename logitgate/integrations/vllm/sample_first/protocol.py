@@ -23,12 +23,16 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEFERRED_KEY", "MIRRORS_KEY", "REPORT", "DeferredRows", "Entry", "Outcome", "Report", "SamplerStash",
-           "sampler_stash"]
+__all__ = ["BONUS_FREE", "DEFERRED_KEY", "MIRRORS_KEY", "REPORT", "DeferredRows", "Entry", "Outcome", "Report",
+           "SamplerStash", "sampler_stash"]
 
 REPORT = "logitgate_sample_first"  # on a ModelRunnerOutput: the worker's Report
 DEFERRED_KEY = "_logitgate_deferred_rows"  # on a runner: this step's deferred rows, from sample_tokens to _sample
 MIRRORS_KEY = "_logitgate_mirrors"  # on a runner: its GrammarMirrors, False where it cannot mirror
+# On a vLLM Request, set by forced drafts (forced/proposals.py) for the step its drafts are verified:
+# True where the drafts reach the end of the forced string, so the bonus row after them is a free
+# state the scheduler may defer like a row without drafts (the worker checks it past the drafts).
+BONUS_FREE = "_logitgate_bonus_free"
 
 # request id -> (grammar, temperature, start, tokens): see DeferredRows
 Entry = tuple[Any, float, int, tuple[int, ...]]

@@ -16,9 +16,9 @@ from ..patching import is_replacement, mark_replacement
 from . import min_tokens_pending, row_can_sample_first, validates_as_its_mask
 from .layout import runner_handles_deferred, runners, why_not_one_cpu_worker
 from .policy import Policy, RowState
-from .protocol import REPORT, DeferredRows, Entry, Report
+from .protocol import BONUS_FREE, REPORT, DeferredRows, Entry, Report
 
-__all__ = ["grammar_bitmask_replacement", "update_from_output_replacement"]
+__all__ = ["bonus_may_sample_first", "grammar_bitmask_replacement", "update_from_output_replacement"]
 
 logger = logging.getLogger("vllm.logitgate.sample_first")
 
@@ -88,6 +88,22 @@ def defers_rows(manager: Any, request: Any) -> bool:
     if not is_replacement(getattr(type(manager), "grammar_bitmask", None)):
         return False
     return _deferral(manager, engine_state(manager)) is not None and row_can_sample_first(request.sampling_params)
+
+
+def bonus_may_sample_first(manager: Any, request: Any) -> bool:
+    """Whether `request`'s next row would be deferred if it were the bonus row after forced drafts
+    (forced/proposals.py ends its drafts by it): this engine defers, the row could sample first,
+    its mirror (across processes) is ready, and the policy would not fill it first. Counts nothing
+    down: the decision itself is taken when the bitmask is made."""
+    if not defers_rows(manager, request):
+        return False
+    state = engine_state(manager)
+    if _backend_name(manager, state) is None or _candidate(manager, request) is None:
+        return False
+    row = row_state(request)
+    if _deferral(manager, state) == MIRRORED and row.mirror != "ready":
+        return False
+    return state.policy.would_sample_first(row)
 
 
 def _backend_name(manager: Any, state: EngineState) -> str | None:
@@ -163,9 +179,10 @@ def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
         deferred: dict[str, Entry] = {}
         mirror: dict[str, str] = {}
         for req_id in structured_output_request_ids:
-            if drafted.get(req_id):
-                continue  # drafts (forced/): a mask row per draft and the bonus row, filled by vLLM
             request = requests[req_id]
+            drafts = drafted.get(req_id)
+            if drafts and not request.__dict__.get(BONUS_FREE):
+                continue  # drafts ending inside a forced string (forced/): every row filled by vLLM
             grammar = _candidate(self, request)
             if grammar is None:
                 continue
@@ -176,20 +193,26 @@ def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
                     mirror[req_id] = backend
                     metrics.add("sample_first_mirrors_asked")
                 continue
-            if state.policy.samples_first(row) and not _forced(grammar):
+            # (a bonus row after drafts is past the forced string: no forced check of the state before them)
+            if state.policy.samples_first(row) and (drafts or not _forced(grammar)):
                 deferred[req_id] = _entry(request, grammar, where, row)
         if not deferred and not mirror:
             return _timed_fill(original, self, state, requests, structured_output_request_ids, scheduled_spec_decode_tokens)
-        # a request's rows: one per draft, then its own (a deferred request has no drafts: one row)
+        # A request's rows: one per draft, then its bonus row (its only row without drafts). A deferred
+        # request's bonus row stays all-ones; its draft rows are vLLM's fill of its drafts but the last
+        # (that fill's own bonus row is the mask of the last draft).
         ends = np.cumsum([1 + len(drafted.get(req_id, ())) for req_id in structured_output_request_ids])
-        filled_ids = [req_id for req_id in structured_output_request_ids if req_id not in deferred]
-        rows = [row for end, req_id in zip(ends, structured_output_request_ids) if req_id not in deferred
-                for row in range(end - 1 - len(drafted.get(req_id, ())), end)]
-        filled = _timed_fill(original, self, state, requests, filled_ids, scheduled_spec_decode_tokens) if rows else None
+        fill_spec = {req_id: tokens[:-1] if req_id in deferred else tokens for req_id, tokens in drafted.items()}
+        filled_ids = [req_id for req_id in structured_output_request_ids
+                      if req_id not in deferred or drafted.get(req_id)]
+        rows = [row for end, req_id in zip(ends, structured_output_request_ids)
+                for row in range(end - 1 - len(drafted.get(req_id, ())), end - (req_id in deferred))]
+        filled = _timed_fill(original, self, state, requests, filled_ids, fill_spec) if rows else None
         bitmask = np.full((int(ends[-1]), _width(self, state)), -1, dtype=np.int32)
         if filled is not None:
             bitmask[rows] = filled
         metrics.add("sample_first_rows_deferred", len(deferred))
+        metrics.add("sample_first_bonus_rows_deferred", sum(1 for req_id in deferred if drafted.get(req_id)))
         grammar_bitmask.routed_calls += len(deferred)
         return DeferredRows.wrap(bitmask, deferred, mirror)
 

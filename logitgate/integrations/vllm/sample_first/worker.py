@@ -204,58 +204,111 @@ def sample_replacement(original: Callable, name: str) -> Callable:
             return original(self, logits, spec_decode_metadata)
         deferred, mirrors, report, width = pending
         rows = _resolve(deferred, mirrors, self.input_batch.req_id_to_index, report)
-        checked = [row for row in rows if row[2] is not None]
-        # With drafts (forced/), a request's token row is its bonus row; its drafts' rows are masked
-        # by vLLM. A deferred row has none (the scheduler defers no drafted request): its token is
-        # the bonus token, column 0 of the output, drawn by the sampler as a plain row's.
-        logits_row = _logits_rows(spec_decode_metadata, logits)
-        drafts = spec_decode_metadata.num_draft_tokens if spec_decode_metadata is not None else None
-        if (drafts is not None and any(drafts[row[0]] for row in checked)) or not _vouches(self):
-            first, checked = checked, []
-        else:
-            reads = [_reads_the_mask(self, row[1]) for row in checked]
-            first = [row for row, r in zip(checked, reads) if r]
-            checked = [row for row, r in zip(checked, reads) if not r]
-        if first:
-            began = time.perf_counter()
-            _mask_rows(logits, [(logits_row(row), grammar) for row, _, grammar, _, _ in first], width)  # as vLLM would
-            each = (time.perf_counter() - began) / len(first)
-            report.outcomes.update((req_id, Outcome("filled", each + spent)) for _, req_id, _, _, spent in first)
-        if not checked:
-            return original(self, logits, spec_decode_metadata)
-        _stash.rows = [row[0] for row in checked]  # the sampler's rows: one per request (the bonus rows with drafts)
+        # With drafts (forced/), a deferred request's token row is its bonus row, at the state past
+        # its drafts: its grammar is advanced there for this step (and rolled back after).
+        drafts = _drafts_of(spec_decode_metadata, [row[0] for row in rows if row[2] is not None])
+        advanced, rows = _advance(rows, drafts, report)
         try:
-            output = original(self, logits, spec_decode_metadata)
-            processed = _stash.logits
+            output, accepted = _sample_deferred(self, original, logits, spec_decode_metadata, rows, drafts, report,
+                                                width)
         finally:
-            _stash.rows = _stash.logits = None
-        sampled = output.sampled_token_ids[:, 0].tolist()
-        masks = _masks_to_check(checked, width)
-        rejected = []
-        for i, (row, req_id, grammar, _, spent) in enumerate(checked):
-            began = time.perf_counter()
-            if masks[i] is None:
-                accepted = len(grammar.validate_tokens([sampled[row]])) == 1
-            else:  # the grammar's own check is not its mask: the mask vLLM would apply decides
-                accepted = allows(masks[i][0], sampled[row])
-                spent += masks[i][1]
-            spent += time.perf_counter() - began
-            if accepted:
-                report.outcomes[req_id] = Outcome("accepted", spent)
-            else:
-                rejected.append((i, spent))
-        _sample.routed_calls += len(checked) - len(rejected)
-        if rejected and processed is None:  # a sampler whose forward never called Sampler.sample
-            _skips_sample.add(self)  # from the next step on this runner fills deferred rows before sampling
-            why = (f"{type(self.sampler).__name__} did not pass through Sampler.sample, so the row could not be drawn "
-                   "again under its grammar")
-            report.outcomes.update((checked[i][1], Outcome("unchecked", why=why)) for i, _ in rejected)
-        elif rejected:
-            _redraw(output, processed, checked, rejected, sampled, width, report,
-                    [None if masks[i] is None else masks[i][0] for i, _ in rejected])
+            for grammar, count in advanced:
+                grammar.rollback(count)
+        _sample.routed_calls += accepted
         return output
 
     return mark_replacement(_sample, original, name)
+
+
+def _sample_deferred(self: Any, original: Callable, logits: torch.Tensor, spec_decode_metadata: Any,
+                     rows: list[tuple[int, str, Any, float, float]], drafts: dict[int, list[int]], report: Report,
+                     width: int) -> tuple[Any, int]:
+    """_sample's work on a batch with deferred rows (each grammar at its row's state): (the
+    sampler's output, settled in place; how many deferred rows kept their first draw)."""
+    checked = [row for row in rows if row[2] is not None]
+    logits_row = _logits_rows(spec_decode_metadata, logits)
+    if not _vouches(self):
+        first, checked = checked, []
+    else:
+        reads = [_reads_the_mask(self, row[1]) for row in checked]
+        first = [row for row, r in zip(checked, reads) if r]
+        checked = [row for row, r in zip(checked, reads) if not r]
+    if first:
+        began = time.perf_counter()
+        _mask_rows(logits, [(logits_row(row), grammar) for row, _, grammar, _, _ in first], width)  # as vLLM would
+        each = (time.perf_counter() - began) / len(first)
+        report.outcomes.update((req_id, Outcome("filled", each + spent)) for _, req_id, _, _, spent in first)
+    if not checked:
+        return original(self, logits, spec_decode_metadata), 0
+    _stash.rows = [row[0] for row in checked]  # the sampler's rows: one per request (the bonus rows with drafts)
+    try:
+        output = original(self, logits, spec_decode_metadata)
+        processed = _stash.logits
+    finally:
+        _stash.rows = _stash.logits = None
+    # A row's token is in its bonus column (after its drafts); a row whose verification rejected
+    # a draft took a token of that draft's masked row instead: nothing of its own to check.
+    column = {row[0]: len(drafts.get(row[0], ())) for row in checked}
+    tokens = output.sampled_token_ids.tolist()
+    reached = [tokens[row[0]][column[row[0]]] >= 0 for row in checked]
+    if not all(reached):
+        if processed is not None:
+            processed = processed[torch.tensor(reached)]
+        checked = [row for row, ok in zip(checked, reached) if ok]
+    sampled = {row[0]: tokens[row[0]][column[row[0]]] for row in checked}
+    masks = _masks_to_check(checked, width)
+    rejected = []
+    for i, (row, req_id, grammar, _, spent) in enumerate(checked):
+        began = time.perf_counter()
+        if masks[i] is None:
+            accepted = len(grammar.validate_tokens([sampled[row]])) == 1
+        else:  # the grammar's own check is not its mask: the mask vLLM would apply decides
+            accepted = allows(masks[i][0], sampled[row])
+            spent += masks[i][1]
+        spent += time.perf_counter() - began
+        if accepted:
+            report.outcomes[req_id] = Outcome("accepted", spent)
+        else:
+            rejected.append((i, spent))
+    if rejected and processed is None:  # a sampler whose forward never called Sampler.sample
+        _skips_sample.add(self)  # from the next step on this runner fills deferred rows before sampling
+        why = (f"{type(self.sampler).__name__} did not pass through Sampler.sample, so the row could not be drawn "
+               "again under its grammar")
+        report.outcomes.update((checked[i][1], Outcome("unchecked", why=why)) for i, _ in rejected)
+    elif rejected:
+        _redraw(output, processed, checked, rejected, sampled, column, width, report,
+                [None if masks[i] is None else masks[i][0] for i, _ in rejected])
+    return output, len(checked) - len(rejected)
+
+
+def _drafts_of(spec_decode_metadata: Any, rows: list[int]) -> dict[int, list[int]]:
+    """Batch row -> its draft tokens this step (forced/), for those of `rows` that have any."""
+    counts = getattr(spec_decode_metadata, "num_draft_tokens", None)
+    if counts is None or not any(counts[row] for row in rows):
+        return {}
+    tokens = spec_decode_metadata.draft_token_ids.tolist()
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    return {row: tokens[starts[row] : starts[row] + counts[row]] for row in rows if counts[row]}
+
+
+def _advance(rows: list[tuple[int, str, Any, float, float]], drafts: dict[int, list[int]],
+             report: Report) -> tuple[list[tuple[Any, int]], list[tuple[int, str, Any, float, float]]]:
+    """Each drafted row's grammar advanced past its drafts, the state of its bonus row: ((grammar,
+    drafts taken) to roll back, the rows). A grammar that refuses its drafts (a mirror out of step:
+    the scheduler's grammar filled their masks from the same state) leaves its row unchecked."""
+    advanced, out = [], []
+    for row, req_id, grammar, temperature, spent in rows:
+        tokens = drafts.get(row)
+        if tokens and grammar is not None:
+            began = time.perf_counter()
+            if len(grammar.validate_tokens(tokens)) == len(tokens) and grammar.accept_tokens(req_id, tokens):
+                advanced.append((grammar, len(tokens)))
+            else:
+                report.outcomes[req_id] = Outcome("unchecked", why=f"its grammar refuses its drafts {tokens}")
+                grammar = None
+            spent += time.perf_counter() - began
+        out.append((row, req_id, grammar, temperature, spent))
+    return advanced, out
 
 
 def _logits_rows(spec_decode_metadata: Any, logits: torch.Tensor) -> Callable[[int], int]:
@@ -285,11 +338,11 @@ def _masks_to_check(checked: list[tuple[int, str, Any, float, float]],
 
 
 def _redraw(output: Any, processed: torch.Tensor, checked: list[tuple[int, str, Any, float, float]],
-            rejected: list[tuple[int, float]], sampled: list[int], width: int, report: Report,
-            masks: list[torch.Tensor | None]) -> None:
+            rejected: list[tuple[int, float]], sampled: dict[int, int], column: dict[int, int], width: int,
+            report: Report, masks: list[torch.Tensor | None]) -> None:
     """Settle the rejected rows (`rejected`: index into `checked`, seconds so far; `masks`: each
-    one's bitmask where already filled) under their grammars, in place on the sampler's output.
-    `processed` holds the checked rows' logits, in order."""
+    one's bitmask where already filled) under their grammars, in place on the sampler's output at
+    each row's `column`. `processed` holds the checked rows' logits, in order."""
     began = time.perf_counter()
     picks = [i for i, _ in rejected]
     rows = [checked[i] for i in picks]
@@ -298,5 +351,5 @@ def _redraw(output: Any, processed: torch.Tensor, checked: list[tuple[int, str, 
                           [sampled[row[0]] for row in rows], width, masks=masks)
     each = (time.perf_counter() - began) / len(rows)
     for (row, req_id, _, _, _), (_, spent), (token, how) in zip(rows, rejected, chosen):
-        output.sampled_token_ids[row, 0] = token
+        output.sampled_token_ids[row, column[row]] = token
         report.outcomes[req_id] = Outcome(how, spent + each)
