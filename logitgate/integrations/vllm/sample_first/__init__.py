@@ -42,6 +42,12 @@ are filled first, exactly vLLM's path, and no mirror is asked for them. The work
 settles a deferred row of such a grammar by its mask (redraw.py), as a safety net: none reaches it
 by the scheduler's choice.
 
+With forced drafts (forced/), a request's token row is its bonus row, after its drafts: where the
+drafts end the forced string (protocol.BONUS_FREE) that row is a free state and is deferred like any
+other; the worker checks its draw at the grammar's state past the drafts (advanced for the check
+and rolled back), where the verification accepted every draft (else the token is a draft row's,
+drawn under its mask).
+
 Whether a row samples first is decided per row and per step by the scheduler (policy.py): only
 where it is expected to cost less than filling. A row is filled first where the next characters
 are forced (xgrammar's fill is cheap there and a draw is likely rejected), for tree requests

@@ -196,21 +196,28 @@ def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
             # (a bonus row after drafts is past the forced string: no forced check of the state before them)
             if state.policy.samples_first(row) and (drafts or not _forced(grammar)):
                 deferred[req_id] = _entry(request, grammar, where, row)
-        if not deferred and not mirror:
+        if not deferred and not mirror and not drafted:
             return _timed_fill(original, self, state, requests, structured_output_request_ids, scheduled_spec_decode_tokens)
         # A request's rows: one per draft, then its bonus row (its only row without drafts). A deferred
         # request's bonus row stays all-ones; its draft rows are vLLM's fill of its drafts but the last
-        # (that fill's own bonus row is the mask of the last draft).
+        # (that fill's own bonus row is the mask of the last draft). Only the rows of requests without
+        # drafts are timed for the policy, whose fill cost is a free row's: a drafted request's filled
+        # rows are forced states (microseconds), and would make every fill look cheap.
         ends = np.cumsum([1 + len(drafted.get(req_id, ())) for req_id in structured_output_request_ids])
-        fill_spec = {req_id: tokens[:-1] if req_id in deferred else tokens for req_id, tokens in drafted.items()}
-        filled_ids = [req_id for req_id in structured_output_request_ids
-                      if req_id not in deferred or drafted.get(req_id)]
-        rows = [row for end, req_id in zip(ends, structured_output_request_ids)
-                for row in range(end - 1 - len(drafted.get(req_id, ())), end - (req_id in deferred))]
-        filled = _timed_fill(original, self, state, requests, filled_ids, fill_spec) if rows else None
         bitmask = np.full((int(ends[-1]), _width(self, state)), -1, dtype=np.int32)
-        if filled is not None:
-            bitmask[rows] = filled
+        end_of = dict(zip(structured_output_request_ids, ends.tolist()))
+
+        def filled_rows(ids: list[str]) -> list[int]:
+            return [row for req_id in ids for row in range(end_of[req_id] - 1 - len(drafted.get(req_id, ())),
+                                                           end_of[req_id] - (req_id in deferred))]
+
+        plain = [req_id for req_id in structured_output_request_ids if req_id not in deferred and not drafted.get(req_id)]
+        if plain:
+            bitmask[filled_rows(plain)] = _timed_fill(original, self, state, requests, plain, {})
+        with_drafts = [req_id for req_id in structured_output_request_ids if drafted.get(req_id)]
+        if with_drafts:
+            spec = {req_id: drafted[req_id][:-1] if req_id in deferred else drafted[req_id] for req_id in with_drafts}
+            bitmask[filled_rows(with_drafts)] = original(self, requests, with_drafts, spec)
         metrics.add("sample_first_rows_deferred", len(deferred))
         metrics.add("sample_first_bonus_rows_deferred", sum(1 for req_id in deferred if drafted.get(req_id)))
         grammar_bitmask.routed_calls += len(deferred)
