@@ -573,7 +573,8 @@ def test_rows_in_a_forced_state_and_rows_that_cannot_sample_first_are_filled(tok
 def test_a_free_bonus_row_after_forced_drafts_is_deferred_and_their_rows_are_vllms(tokenizer):
     """Forced drafts that end the forced string (BONUS_FREE) leave a free bonus row: it is deferred
     (all-ones), while its draft rows are exactly vLLM's fill of them; drafts ending inside the string
-    keep every row vLLM's. The grammars are where they were."""
+    keep every row vLLM's. The grammars are where they were, and the fills of drafted requests do
+    not teach the policy what a free row's fill costs."""
     from vllm.v1.structured_output import StructuredOutputManager
 
     from logitgate.integrations.vllm.sample_first import layout
@@ -596,6 +597,8 @@ def test_a_free_bonus_row_after_forced_drafts_is_deferred_and_their_rows_are_vll
     np.testing.assert_array_equal(out[k + 1 :], expected[k + 1 :])
     for req in (free, inside):
         assert req.structured_output_request.grammar.num_processed_tokens == 0
+    # the policy's fill cost is a free row's: fills of drafted requests (forced states) are not timed
+    assert scheduler.state.policy.costs.fill is None
     del runner
     layout.runners.clear()
 
