@@ -2,7 +2,8 @@
 interleaved round by round, so one run compares them on one host's load.
 
     .venv-vllm/bin/python -m logitgate.bench.forced_served [--models json_writer,random] [--backends xgrammar]
-        [--sides forced,whole,off,vllm] [--modes greedy,t1] [--drafts 8] [--rounds 2] [--prompts 128] [--out FILE]
+        [--sides forced,whole,off,vllm] [--modes greedy,t1] [--drafts 8] [--rounds 2] [--prompts 128] [--ops OPS]
+        [--out FILE]
 
 Each server is `python -m vllm.entrypoints.openai.api_server` with vLLM's defaults (logitgate.bench.vllm's
 start_server and served_server_run: two warm-up rounds, then each case with vLLM's own benchmark
@@ -36,13 +37,13 @@ SIDES = ("forced", "whole", "off", "vllm")
 MODES = ("greedy", "t1", "t1_seeded", "t1_top_p")
 
 
-def side_env(side: str, drafts: int) -> tuple[bool, dict[str, str]]:
-    """(plugin loaded, environment over the server's) of a side."""
+def side_env(side: str, drafts: int, ops: str = OPS_WITH_LOGITGATE) -> tuple[bool, dict[str, str]]:
+    """(plugin loaded, environment over the server's) of a side; `ops`: the plugin's operations."""
     if side == "vllm":
         return False, {}
     if side == "off":
-        return True, {"LOGITGATE_VLLM_FORCED_DRAFTS": "0", "LOGITGATE_VLLM_OPS": OPS_WITH_LOGITGATE}
-    env = {"LOGITGATE_VLLM_FORCED_DRAFTS": str(drafts), "LOGITGATE_VLLM_OPS": OPS_WITH_LOGITGATE + ",forced",
+        return True, {"LOGITGATE_VLLM_FORCED_DRAFTS": "0", "LOGITGATE_VLLM_OPS": ops}
+    env = {"LOGITGATE_VLLM_FORCED_DRAFTS": str(drafts), "LOGITGATE_VLLM_OPS": ops + ",forced",
            "LOGITGATE_VLLM_FORCED_SPARSE": "0" if side == "whole" else "1"}
     return True, env
 
@@ -103,7 +104,7 @@ def summarize(model: str, backend: str, runs: dict[str, list[dict]], cases: list
 
 
 def run(models: list[str], backends: list[str], sides: list[str], modes: list[str], drafts: int, rounds: int,
-        prompts: int, port: int = 8123) -> dict:
+        prompts: int, port: int = 8123, ops: str = OPS_WITH_LOGITGATE) -> dict:
     from logitgate.bench.vllm import served_model, served_server_run
 
     logs = Path(os.environ.get("TMPDIR", "/tmp"))
@@ -115,7 +116,7 @@ def run(models: list[str], backends: list[str], sides: list[str], modes: list[st
             runs: dict[str, list[dict]] = {side: [] for side in sides}
             for r in range(rounds):
                 for side in sides:
-                    with_logitgate, env = side_env(side, drafts)
+                    with_logitgate, env = side_env(side, drafts, ops)
                     log = logs / f"bench_forced_served_{model}_{backend}_{side}_{r}.log"
                     result = served_server_run(sys.executable, path, with_logitgate, port, log, backend, env, cases,
                                                prompts)
@@ -129,7 +130,8 @@ def run(models: list[str], backends: list[str], sides: list[str], modes: list[st
             identical[f"{model}/{backend}"] = {name: all(run[name]["texts"] == first[name]["texts"]
                                                          for side_runs in runs.values() for run in side_runs)
                                                for name in greedy}
-    return {"benchmark": "forced_served", "drafts": drafts, "rounds": rounds, "prompts": prompts, "sides": sides, "rows": rows,
+    return {"benchmark": "forced_served", "drafts": drafts, "rounds": rounds, "prompts": prompts, "ops": ops,
+            "sides": sides, "rows": rows,
             "greedy_identical": identical}
 
 
@@ -144,6 +146,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--drafts", type=int, default=8, help="forced tokens a request may propose a step")
     parser.add_argument("--rounds", type=int, default=2, help="servers per side (interleaved)")
     parser.add_argument("--prompts", type=int, default=128, help="requests per case (at concurrency 64)")
+    parser.add_argument("--ops", default=OPS_WITH_LOGITGATE,
+                        help="the plugin's operations on its sides (LOGITGATE_VLLM_OPS; `forced` is added on the "
+                             "forced sides), e.g. without sample_first for the path of hosts where it is off (GPU, NPU)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
 
@@ -167,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
         result = {"benchmark": "forced_served", "skipped": f"no vLLM in {sys.executable}: {exc}", "rows": []}
         emit(result, args.out)
         return result
-    result = run(models, backends, sides, modes, args.drafts, args.rounds, args.prompts)
+    result = run(models, backends, sides, modes, args.drafts, args.rounds, args.prompts, ops=args.ops)
     emit(result, args.out)
     return result
 
