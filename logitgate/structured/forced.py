@@ -50,6 +50,9 @@ class ForcedTokens:
 
     tokens: list[int] = field(default_factory=list)
     num_mask_forced: int = 0
+    # A mask was filled where the grammar may end and allowed several tokens: this grammar can end
+    # at free states, so asking it for mask-forced tokens costs a fill a step (callers may stop).
+    ends_free: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.num_mask_forced <= len(self.tokens):
@@ -69,7 +72,7 @@ class ForcedTokens:
     def cut(self, max_tokens: int) -> ForcedTokens:
         """The first max_tokens of them (the mask-forced count cut with them)."""
         n = max(0, max_tokens)
-        return ForcedTokens(self.tokens[:n], min(self.num_mask_forced, n))
+        return ForcedTokens(self.tokens[:n], min(self.num_mask_forced, n), self.ends_free)
 
     @classmethod
     def all_mask_forced(cls, tokens: Sequence[int]) -> ForcedTokens:
@@ -121,13 +124,9 @@ def xgrammar_forced_tokens(
     if max_tokens <= 0 or matcher.is_terminated():
         return ForcedTokens()
     scratch = None
-    if vocab_size is not None:
-        import xgrammar as xgr
-
-        scratch = xgr.allocate_token_bitmask(1, vocab_size)
     tokens: list[int] = []
     num_mask_forced = 0
-    string_seen = False
+    string_seen = ends_free = False
     try:
         while len(tokens) < max_tokens and not matcher.is_terminated():
             text = matcher.find_jump_forward_string() if encode is not None else ""
@@ -137,10 +136,14 @@ def xgrammar_forced_tokens(
                 # about what the step's own mask does): a token inside a fixed string that the mask
                 # allows alone is proposed as string-forced, which is safe (verified, accepted w.p.
                 # 1), and a single allowed token elsewhere is left to the model.
-                single = (
-                    _xgrammar_only_allowed(matcher, vocab_size, scratch)
-                    if scratch is not None and matcher.is_completed() else None
-                )
+                if vocab_size is None or not matcher.is_completed():
+                    break
+                if scratch is None:
+                    import xgrammar as xgr
+
+                    scratch = xgr.allocate_token_bitmask(1, vocab_size)
+                single = _xgrammar_only_allowed(matcher, vocab_size, scratch)
+                ends_free = single is None
                 if single is None or not matcher.accept_token(single):
                     break
                 tokens.append(single)
@@ -162,7 +165,7 @@ def xgrammar_forced_tokens(
     finally:
         if tokens:
             matcher.rollback(len(tokens))
-    return ForcedTokens(tokens, num_mask_forced)
+    return ForcedTokens(tokens, num_mask_forced, ends_free)
 
 
 def llguidance_forced_tokens(matcher: Any, max_tokens: int) -> ForcedTokens:

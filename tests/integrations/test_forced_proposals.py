@@ -63,3 +63,35 @@ def test_the_last_token_is_kept_where_the_bonus_row_would_be_deferred(monkeypatc
     row.mirror, row.wait, row.acceptance = mirror, wait, 0.9
     assert proposals.last_token_rule(_SampleFirstManager(), request) == rule
     assert row.wait == wait  # a prediction: the policy's wait is counted down only when the bitmask is made
+
+
+def test_the_stop_token_is_proposed_and_a_grammar_ending_at_free_states_is_filled_once(monkeypatch):
+    """xgrammar: where a JSON object closes, the stop token alone is allowed and is proposed (a pass
+    saved per request); a grammar that may end with many tokens allowed (`[a-z]+`) costs one mask
+    fill to find that out, and is not filled again for it."""
+    xgr = pytest.importorskip("xgrammar")
+    from logitgate.structured import forced
+    from tests.helpers.real_tokenizers import real_tokenizer
+
+    tok = real_tokenizer("llama3")
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok)))
+    encode = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    asked = []
+    real = forced.xgrammar_forced_tokens
+    monkeypatch.setattr(forced, "xgrammar_forced_tokens",
+                        lambda *args, **kwargs: asked.append(kwargs.get("vocab_size")) or real(*args, **kwargs))
+
+    class Grammar:  # vLLM's XgrammarGrammar, as proposals reads it
+        def __init__(self, regex, text):
+            self.matcher, self.ctx, self.vocab_size = xgr.GrammarMatcher(compiler.compile_regex(regex)), None, len(tok)
+            assert self.matcher.accept_string(text)
+
+        def is_terminated(self):
+            return self.matcher.is_terminated()
+
+    closed = Grammar("ab", "ab")
+    assert proposals.forced_for("xgrammar", closed, encode, 4) == [tok.eos_token_id]
+    free = Grammar("[a-z]+", "ab")
+    assert proposals.forced_for("xgrammar", free, encode, 4) == []
+    assert proposals.forced_for("xgrammar", free, encode, 4) == []
+    assert asked == [len(tok), len(tok), None]

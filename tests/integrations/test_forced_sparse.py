@@ -130,6 +130,29 @@ def test_each_draft_rows_table_is_its_masked_whole_row(draws, vocab, seed, tail,
     assert bonus_output.structured_output_request_ids == grammar_output.structured_output_request_ids
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 2000), st.integers(0, 2**31 - 1), st.integers(1, 40))
+def test_the_allowed_tokens_of_each_draft_row_are_its_mask_bits(vocab, seed, max_allowed):
+    """_allowed reads the mask rows 64 bits at a time (even word counts) or 32: the same (row, token)
+    pairs as unpacking each row bit by bit; rows past max_allowed, empty or without a mask are not narrow."""
+    rng = np.random.default_rng(seed)
+    words = (vocab + 31) // 32
+    bitmask = rng.integers(-(2**31), 2**31, size=(6, words), dtype=np.int64).astype(np.int32)
+    bitmask[rng.random(bitmask.shape) < rng.random()] = 0  # sparse rows, some empty
+    mask_rows = rng.integers(-1, 6, size=5)
+    old = sparse.MAX_ALLOWED
+    sparse.MAX_ALLOWED = max_allowed
+    try:
+        narrow, rows, tokens = sparse._allowed(bitmask, mask_rows, vocab)
+    finally:
+        sparse.MAX_ALLOWED = old
+    for r, m in enumerate(mask_rows):
+        bits = np.unpackbits(bitmask[m].view(np.uint8), bitorder="little")[:vocab] if m >= 0 else np.zeros(0)
+        expected = np.flatnonzero(bits)
+        assert narrow[r] == (m >= 0 and 0 < len(expected) <= max_allowed)
+        assert tokens[rows == r].tolist() == (expected.tolist() if narrow[r] else [])
+
+
 def test_wide_and_empty_rows_are_computed_whole_within_their_masks(monkeypatch):
     monkeypatch.setattr(sparse, "MAX_ALLOWED", 3)
     vocab, model = 64, _Model(64, 8, 1)

@@ -73,6 +73,21 @@ def test_the_stop_token_alone_is_mask_forced(llama3):
     assert xgrammar_forced_tokens(matcher, _encode(tok), 4).tokens == []
 
 
+def test_a_grammar_that_ends_at_a_free_state_says_so(llama3):
+    """`[a-z]+` may end after "ab" with many tokens allowed: nothing is proposed and ends_free tells
+    the caller (vLLM's proposals) that asking again would cost a fill a step for nothing."""
+    tok, info, compiler = llama3
+    matcher = xgr.GrammarMatcher(compiler.compile_regex("[a-z]+"))
+    assert matcher.accept_string("ab")
+    forced = xgrammar_forced_tokens(matcher, _encode(tok), 4, vocab_size=len(tok))
+    assert forced.tokens == [] and forced.ends_free
+    closed = xgr.GrammarMatcher(compiler.compile_regex("ab"))
+    assert closed.accept_string("ab")
+    assert not xgrammar_forced_tokens(closed, _encode(tok), 4, vocab_size=len(tok)).ends_free  # the stop token alone
+    assert not xgrammar_forced_tokens(matcher, _encode(tok), 4).ends_free  # no fill asked: nothing to say
+    assert ForcedTokens([1, 2], 0, ends_free=True).cut(1).ends_free
+
+
 def test_a_single_token_mask_then_a_string_counts_later_tokens_as_string_forced(llama3):
     tok, info, compiler = llama3
     matcher = xgr.GrammarMatcher(compiler.compile_regex("ab"))

@@ -228,6 +228,9 @@ class Stepping(AllowedSet):
     def rollback(self, count):
         self.taken -= count
 
+    def is_terminated(self):  # past its last state (its stop token taken)
+        return self.taken >= len(self.states)
+
 
 def drafted_runner(logits, temperatures, drafts, accepted, recovered=99):
     """A stand-in runner for a batch with drafts, as the sparse verification lays it out: `logits`
@@ -289,6 +292,18 @@ def test_a_drafted_row_whose_draft_was_rejected_has_nothing_to_check():
     runner = drafted_runner(logits, [0.0], drafts=[[5, 6]], accepted=[1], recovered=7)
     output = drafted_sample(runner, [grammar], [0.0])
     assert output.sampled_token_ids.tolist() == [[5, 7, -1]]
+    assert "r0" not in report_of(output).outcomes and grammar.taken == 0 and grammar.fills == 0
+
+
+def test_a_drafted_row_whose_drafts_end_the_request_has_nothing_to_check():
+    """Drafts ending in the stop token (mask-forced after a closed object) end the request: the
+    bonus draw after them is discarded by vLLM, so it is neither checked nor redrawn."""
+    logits = torch.zeros(1, 64)
+    logits[0, 3] = 9.0
+    grammar = Stepping([{5}, {9}])  # 9: the stop token, after which the grammar is terminated
+    runner = drafted_runner(logits, [0.0], drafts=[[5, 9]], accepted=[2])
+    output = drafted_sample(runner, [grammar], [0.0])
+    assert output.sampled_token_ids.tolist() == [[5, 9, 3]]
     assert "r0" not in report_of(output).outcomes and grammar.taken == 0 and grammar.fills == 0
 
 

@@ -18,6 +18,7 @@ __all__ = ["BACKENDS", "backend_of", "forced_for", "propose", "why_not_drafted"]
 
 BACKENDS = ("xgrammar", "guidance", "tree")
 MARK = "_logitgate_forced"  # on vLLM's Request: (backend, tokens) of the drafts proposed last
+_ENDS_FREE = "_logitgate_ends_free"  # on an xgrammar grammar: it may end where several tokens are allowed
 
 
 def why_not_drafted(params: Any) -> str | None:
@@ -66,9 +67,14 @@ def forced_for(backend: str, grammar: Any, encode: Any, limit: int, last_token: 
 
     if backend == "guidance":
         return forced.llguidance_forced_tokens(grammar.ll_matcher, limit).tokens
-    # vocab_size=None: no mask fill per looked-at token (a 128k-token fill costs more than the
-    # pass it could save); every token is proposed as a draft and verified under its mask.
-    return forced.xgrammar_forced_tokens(grammar.matcher, encode, limit, last_token=last_token).tokens
+    # The mask is filled only where no string is fixed and the grammar may end (the stop token after
+    # a JSON object, mask-forced: a pass saved per request); a grammar that can end at free states
+    # (a fill that allowed several tokens) is not asked again, so it costs one fill, not one a step.
+    vocab_size = None if grammar.__dict__.get(_ENDS_FREE) else getattr(grammar, "vocab_size", None)
+    found = forced.xgrammar_forced_tokens(grammar.matcher, encode, limit, vocab_size=vocab_size, last_token=last_token)
+    if found.ends_free:
+        grammar.__dict__[_ENDS_FREE] = True
+    return found.tokens
 
 
 def last_token_rule(manager: Any, request: Any) -> str:

@@ -295,7 +295,8 @@ def _advance(rows: list[tuple[int, str, Any, float, float]], drafts: dict[int, l
              report: Report) -> tuple[list[tuple[Any, int]], list[tuple[int, str, Any, float, float]]]:
     """Each drafted row's grammar advanced past its drafts, the state of its bonus row: ((grammar,
     drafts taken) to roll back, the rows). A grammar that refuses its drafts (a mirror out of step:
-    the scheduler's grammar filled their masks from the same state) leaves its row unchecked."""
+    the scheduler's grammar filled their masks from the same state) leaves its row unchecked; one
+    the drafts end (a stop token among them) has no bonus token to check (vLLM ends the request)."""
     advanced, out = [], []
     for row, req_id, grammar, temperature, spent in rows:
         tokens = drafts.get(row)
@@ -303,6 +304,8 @@ def _advance(rows: list[tuple[int, str, Any, float, float]], drafts: dict[int, l
             began = time.perf_counter()
             if len(grammar.validate_tokens(tokens)) == len(tokens) and grammar.accept_tokens(req_id, tokens):
                 advanced.append((grammar, len(tokens)))
+                if grammar.is_terminated():  # the drafts end the request (its stop token): no token after them
+                    grammar = None
             else:
                 report.outcomes[req_id] = Outcome("unchecked", why=f"its grammar refuses its drafts {tokens}")
                 grammar = None
