@@ -288,6 +288,13 @@ FORCED_PATCHES: tuple[Patch, ...] = (
     _write("forced", _FORCED_REQUEST, "_logitgate_forced", "forced.proposals.propose",
            "(backend, count) of the forced drafts proposed last, for the acceptance counters; " + _OURS,
            FORCED_UNTIL, vllm_attr=False),
+    _write("forced", _FORCED_REQUEST, "_logitgate_bonus_free", "forced.proposals.propose",
+           "whether the request's drafts end the forced string, so that sample_first may defer the free bonus row "
+           "after them (sample_first.protocol.BONUS_FREE); " + _OURS, FORCED_UNTIL, vllm_attr=False),
+    _write("forced", "vllm.v1.structured_output.backend_xgrammar:XgrammarGrammar", "_logitgate_ends_free",
+           "forced.proposals.forced_for",
+           "the grammar may end where its mask allows several tokens: it is not filled again to look for a "
+           "mask-forced stop token; " + _OURS, FORCED_UNTIL, vllm_attr=False),
     _write("forced", MANAGER, "_logitgate_forced_fill_threshold", "forced.scheduler.update_after_schedule_replacement",
            "the parallel-fill threshold to put back; " + _OURS, FORCED_UNTIL, vllm_attr=False),
     _write("forced", MANAGER, "_logitgate_forced_encode", "forced.scheduler._encode",
