@@ -91,12 +91,11 @@ def defers_rows(manager: Any, request: Any) -> bool:
 
 
 def bonus_may_sample_first(manager: Any, request: Any) -> bool:
-    """Whether `request`'s next row would be deferred if it were the bonus row after forced drafts
-    (forced/proposals.py ends its drafts by it): this engine defers, the row could sample first,
-    its mirror (across processes) is ready, and the policy would not fill it first. Counts nothing
-    down: the decision itself is taken when the bitmask is made."""
-    if not defers_rows(manager, request):
-        return False
+    """For a request whose rows this engine defers (defers_rows, which the caller has asked):
+    whether its next row would be deferred if it were the bonus row after forced drafts
+    (forced/proposals.py ends its drafts by it): the row could sample first, its mirror (across
+    processes) is ready, and the policy would not fill it first. Counts nothing down: the decision
+    itself is taken when the bitmask is made."""
     state = engine_state(manager)
     if _backend_name(manager, state) is None or _candidate(manager, request) is None:
         return False
