@@ -465,19 +465,6 @@ def real_config(device="cpu", world_size=1, num_spec=0):
     )
 
 
-@pytest.fixture()
-def tokenizer(monkeypatch):
-    """vLLM's managers (the scheduler's here, and the worker's mirrors) load the real Llama-3
-    tokenizer, from logitgate's offline vocabularies."""
-    import vllm.v1.structured_output as structured_output
-
-    from tests.helpers.real_tokenizers import real_tokenizer
-
-    tok = real_tokenizer("llama3")
-    monkeypatch.setattr(structured_output, "cached_tokenizer_from_config", lambda model_config: tok)
-    return tok
-
-
 def real_request(req_id, backend, temperature=0.0, **structured):
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams

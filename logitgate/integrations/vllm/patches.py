@@ -106,7 +106,8 @@ KERNEL_PATCHES: tuple[Patch, ...] = (
             "hands the engine the bitmask filled ahead for this very batch", CPU_STEP_UNTIL),
     _kernel("sample_first", MANAGER, "grammar_bitmask", ".sample_first.scheduler:grammar_bitmask_replacement",
             "leaves the rows that sample first this step all-ones and names them (and the grammars the worker should "
-            "mirror) on the bitmask it returns", SAMPLE_FIRST_UNTIL),
+            "mirror) on the bitmask it returns; fills a batch's forced drafts on parallel shards (forced/fill.py) as "
+            "vLLM fills a batch without drafts", SAMPLE_FIRST_UNTIL),
     _kernel("sample_first", SCHEDULER, "update_from_output", ".sample_first.scheduler:update_from_output_replacement",
             "takes the worker's report from its output: mirrors ready or failed, each deferred row's outcome and cost",
             SAMPLE_FIRST_UNTIL),
@@ -261,9 +262,11 @@ FORCED_PATCHES: tuple[Patch, ...] = (
             "after the step's tokens advance a request's grammar, the tokens the grammar fixes next become its "
             "drafts (spec_token_ids)", FORCED_UNTIL),
     _kernel("forced", SCHEDULER, "_update_after_schedule", ".forced.scheduler:update_after_schedule_replacement",
-            "a batch with forced drafts and no speculative config gets a bitmask with a row per draft and vLLM's "
-            "serial, draft-aware fill (its parallel fill writes one row per request): it writes the manager's "
-            "_grammar_bitmask and fill_bitmask_parallel_threshold (their write rows: `tree` and `fill`)", FORCED_UNTIL),
+            "only where vLLM's own grammar_bitmask would meet forced drafts (sample_first's replacement, which fills "
+            "drafted requests on parallel shards, not installed): a bitmask with a row per draft and vLLM's serial "
+            "fill (its parallel fill writes one row per request); it writes the manager's _grammar_bitmask and "
+            "fill_bitmask_parallel_threshold, as forced/fill.py does on the shards, shallow copies of the manager "
+            "(their write rows: `tree` and `fill`)", FORCED_UNTIL),
     _kernel("forced", SCHEDULER, "make_spec_decoding_stats", ".forced.scheduler:make_spec_decoding_stats_replacement",
             "counts accepted forced drafts; without a speculative config vLLM's SpecDecodingStats (sized by the "
             "configured draft count, 0) are not made", FORCED_UNTIL),
@@ -297,6 +300,9 @@ FORCED_PATCHES: tuple[Patch, ...] = (
            "mask-forced stop token; " + _OURS, FORCED_UNTIL, vllm_attr=False),
     _write("forced", MANAGER, "_logitgate_forced_fill_threshold", "forced.scheduler.update_after_schedule_replacement",
            "the parallel-fill threshold to put back; " + _OURS, FORCED_UNTIL, vllm_attr=False),
+    _write("forced", MANAGER, "_logitgate_shard_bitmasks", "forced.fill._shard_bitmask",
+           "one bitmask per shard of a drafted batch's parallel fill, kept and grown as batches need; " + _OURS,
+           FORCED_UNTIL, vllm_attr=False),
     _write("forced", MANAGER, "_logitgate_forced_encode", "forced.scheduler._encode",
            "the manager's tokenizer as str -> ids, for xgrammar's forced strings; " + _OURS, FORCED_UNTIL,
            vllm_attr=False),

@@ -4,10 +4,11 @@ rows, and counting their outcome. Replacement bodies of the `forced` rows of pat
 - StructuredOutputManager.accept_tokens: after the step's tokens advanced a request's grammar, its
   forced tokens become its spec_token_ids (vLLM's schedule() reads them as drafts).
 - Scheduler._update_after_schedule: a batch with drafts and no server-wide speculative config
-  needs a mask row per draft position. vLLM allocates the bitmask for one row per request then,
-  and its parallel fill (which `fill` turns on from two requests) writes one row per request: for
-  such a batch the bitmask is made large enough once and the fill runs vLLM's serial, draft-aware
-  path; batches without drafts keep the parallel fill.
+  needs a mask row per draft position. The manager's grammar_bitmask (sample_first's
+  replacement) fills the drafted requests on bitmasks of their own (forced/fill.py); only where
+  vLLM's own method would meet the drafts (that replacement not installed) is its
+  bitmask made large enough and its parallel fill, which writes one row per request, turned off
+  while drafts run.
 - Scheduler.make_spec_decoding_stats: counts accepted forced drafts (logitgate_forced_*), and
   without a speculative config reports no speculative stats to vLLM (its SpecDecodingStats are
   sized by the configured draft count, 0 here).
@@ -20,8 +21,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..patching import mark_replacement
+from ..patching import mark_replacement, unwrapped
 from . import max_drafts, proposals
+from .fill import new_bitmask
 
 __all__ = ["accept_tokens_replacement", "make_spec_decoding_stats_replacement", "update_after_schedule_replacement",
            "update_draft_token_ids_replacement"]
@@ -64,19 +66,20 @@ def _make_room(manager: Any, rows: int) -> None:
     """A bitmask of at least `rows` rows on the manager (vLLM's own allocation otherwise sizes it
     by the configured draft count)."""
     bitmask = manager._grammar_bitmask
-    if bitmask is not None and bitmask.shape[0] >= rows:
-        return
-    if manager.backend is not None:
-        manager._grammar_bitmask = manager.backend.allocate_token_bitmask(rows)
-    else:  # only tree requests: the same int32 (rows, ceil(V/32)) tensor the tree route allocates
-        import torch
+    if bitmask is None or bitmask.shape[0] < rows:
+        manager._grammar_bitmask = new_bitmask(manager, rows)
 
-        words = (manager.vllm_config.model_config.get_vocab_size() + 31) // 32
-        manager._grammar_bitmask = torch.full((rows, words), -1, dtype=torch.int32)
+
+def _vllm_fills_drafts(manager: Any) -> bool:
+    """Whether vLLM's own grammar_bitmask fills a drafted batch: sample_first's replacement (which
+    hands drafted requests to forced/fill.py) is not installed (LOGITGATE_VLLM_OPS without it)."""
+    method = type(manager).grammar_bitmask
+    return unwrapped(method) is method
 
 
 def update_after_schedule_replacement(original: Callable, name: str) -> Callable:
-    """Scheduler._update_after_schedule: vLLM's, then the bitmask prepared for this batch's drafts."""
+    """Scheduler._update_after_schedule: vLLM's, then, where vLLM's own fill would meet this batch's
+    drafts, a bitmask with a row per draft and vLLM's serial fill."""
 
     def _update_after_schedule(self, scheduler_output):
         original(self, scheduler_output)
@@ -86,12 +89,14 @@ def update_after_schedule_replacement(original: Callable, name: str) -> Callable
         drafted = scheduler_output.scheduled_spec_decode_tokens
         saved = manager.__dict__.get(_SAVED_THRESHOLD)
         if drafted:
+            _update_after_schedule.routed_calls += 1
+            if not _vllm_fills_drafts(manager):
+                return  # forced/fill.py fills the drafted requests on bitmasks of their own
             seqs = self.vllm_config.scheduler_config.max_num_seqs
             _make_room(manager, max(seqs * (1 + max_drafts()), seqs + sum(len(tokens) for tokens in drafted.values())))
             if saved is None and hasattr(manager, "fill_bitmask_parallel_threshold"):
                 setattr(manager, _SAVED_THRESHOLD, manager.fill_bitmask_parallel_threshold)
                 manager.fill_bitmask_parallel_threshold = sys.maxsize  # vLLM's serial fill writes the draft rows
-            _update_after_schedule.routed_calls += 1
         elif saved is not None:
             manager.fill_bitmask_parallel_threshold = saved
             del manager.__dict__[_SAVED_THRESHOLD]

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .. import metrics
+from ..forced import fill
 from ..patching import is_replacement, mark_replacement
 from . import min_tokens_pending, row_can_sample_first, validates_as_its_mask
 from .layout import runner_handles_deferred, runners, why_not_one_cpu_worker
@@ -174,7 +175,7 @@ def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
         where = _deferral(self, state) if structured_output_request_ids else None
         backend = _backend_name(self, state) if where is not None else None
         if backend is None:
-            return _timed_fill(original, self, state, requests, structured_output_request_ids, scheduled_spec_decode_tokens)
+            return _fill(original, self, state, requests, structured_output_request_ids, scheduled_spec_decode_tokens)
         deferred: dict[str, Entry] = {}
         mirror: dict[str, str] = {}
         for req_id in structured_output_request_ids:
@@ -195,34 +196,37 @@ def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
             # (a bonus row after drafts is past the forced string: no forced check of the state before them)
             if state.policy.samples_first(row) and (drafts or not _forced(grammar)):
                 deferred[req_id] = _entry(request, grammar, where, row)
-        if not deferred and not mirror and not drafted:
-            return _timed_fill(original, self, state, requests, structured_output_request_ids, scheduled_spec_decode_tokens)
+        if not deferred and not mirror:
+            return _fill(original, self, state, requests, structured_output_request_ids, scheduled_spec_decode_tokens)
         # A request's rows: one per draft, then its bonus row (its only row without drafts). A deferred
         # request's bonus row stays all-ones; its draft rows are vLLM's fill of its drafts but the last
         # (that fill's own bonus row is the mask of the last draft). Only the rows of requests without
         # drafts are timed for the policy, whose fill cost is a free row's: a drafted request's filled
         # rows are forced states (microseconds), and would make every fill look cheap.
-        ends = np.cumsum([1 + len(drafted.get(req_id, ())) for req_id in structured_output_request_ids])
-        bitmask = np.full((int(ends[-1]), _width(self, state)), -1, dtype=np.int32)
-        end_of = dict(zip(structured_output_request_ids, ends.tolist()))
-
-        def filled_rows(ids: list[str]) -> list[int]:
-            return [row for req_id in ids for row in range(end_of[req_id] - 1 - len(drafted.get(req_id, ())),
-                                                           end_of[req_id] - (req_id in deferred))]
-
+        total, rows_of = fill.row_layout(structured_output_request_ids, drafted)
+        bitmask = np.full((total, _width(self, state)), -1, dtype=np.int32)
         plain = [req_id for req_id in structured_output_request_ids if req_id not in deferred and not drafted.get(req_id)]
         if plain:
-            bitmask[filled_rows(plain)] = _timed_fill(original, self, state, requests, plain, {})
+            bitmask[rows_of(plain)] = _timed_fill(original, self, state, requests, plain, {})
         with_drafts = [req_id for req_id in structured_output_request_ids if drafted.get(req_id)]
         if with_drafts:
             spec = {req_id: drafted[req_id][:-1] if req_id in deferred else drafted[req_id] for req_id in with_drafts}
-            bitmask[filled_rows(with_drafts)] = original(self, requests, with_drafts, spec)
+            bitmask[rows_of(with_drafts, set(deferred))] = fill.fill_drafted(original, self, requests, with_drafts, spec)
         metrics.add("sample_first_rows_deferred", len(deferred))
         metrics.add("sample_first_bonus_rows_deferred", sum(1 for req_id in deferred if drafted.get(req_id)))
         grammar_bitmask.routed_calls += len(deferred)
         return DeferredRows.wrap(bitmask, deferred, mirror)
 
     return mark_replacement(grammar_bitmask, original, name)
+
+
+def _fill(original: Callable, manager: Any, state: EngineState, requests: Any, ids: list[str], spec: Any) -> Any:
+    """vLLM's fill of the batch, nothing deferred: the requests with forced drafts on forced/fill.py's
+    shards, the others timed for the policy (under a user's drafter: vLLM's own fill, all timed)."""
+    if not spec or manager.vllm_config.speculative_config is not None:
+        return _timed_fill(original, manager, state, requests, ids, spec)
+    return fill.grammar_bitmask(original, manager, requests, ids, spec,
+                                lambda plain: _timed_fill(original, manager, state, requests, plain, {}))
 
 
 def _timed_fill(original: Callable, manager: Any, state: EngineState, requests: Any, ids: list[str], spec: Any) -> Any:
