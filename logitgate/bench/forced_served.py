@@ -91,6 +91,11 @@ def summarize(model: str, backend: str, runs: dict[str, list[dict]], cases: list
                                     for side, side_runs in runs.items() if side in ("forced", "whole")},
                "logits_per_draft_row": {side: _median([logits_per_draft_row(run[name]) for run in side_runs])
                                         for side, side_runs in runs.items() if side in ("forced", "whole")},
+               # output tokens per engine step (vLLM's iteration count) per server: a server's batches
+               # on this 2-core host now and then run at half the size for a whole case, on either side
+               "tokens_per_step": {side: [round(run[name]["total_output_tokens"] / run[name]["engine_steps"], 1)
+                                          if run[name].get("engine_steps") else None for run in side_runs]
+                                   for side, side_runs in runs.items()},
                "errors": [e for side_runs in runs.values() for run in side_runs for e in run[name].get("errors", [])][:3]}
         ratio = {}
         for a, b in (("forced", "off"), ("forced", "vllm"), ("whole", "off"), ("forced", "whole"), ("off", "vllm")):

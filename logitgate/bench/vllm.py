@@ -377,6 +377,13 @@ def phase_sums(text: str) -> dict[str, float]:
     return sums
 
 
+def engine_steps(text: str) -> int:
+    """The engine steps so far (vLLM's iteration_tokens_total histogram counts one per step), from a
+    /metrics page: with the output tokens, the mean batch a case ran at."""
+    return round(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                     if line.startswith(("vllm:iteration_tokens_total_count{", "vllm:iteration_tokens_total_count "))))
+
+
 def logitgate_counts(text: str) -> dict[str, float]:
     """logitgate's counters (integrations/vllm/metrics.py) in a /metrics page, by short name."""
     counts = {}
@@ -436,6 +443,7 @@ def served_server_run(python: str, path: Path, with_logitgate: bool, port: int, 
             out = bench_client(path, port, schema, SERVED_MODES[mode], prompts_n=prompts_n)
             after = metrics_text(port)
             out["phases"] = phase_breakdown(phase_sums(before), phase_sums(after))
+            out["engine_steps"] = engine_steps(after) - engine_steps(before)
             counted = logitgate_counts(before)
             out["logitgate_counts"] = {k: round(v - counted.get(k, 0.0), 3) for k, v in logitgate_counts(after).items()
                                        if v - counted.get(k, 0.0)}
