@@ -145,7 +145,8 @@ def test_a_mixed_batch_takes_vllms_parallel_fill_for_its_requests_without_drafts
     assert len(plain) == 3 and all(not tokens for tokens in (spec[r] for r in plain))
     expected = serial_fill(manager, requests, ids, spec)
     before = positions(manager, requests)
-    out = fill.grammar_bitmask(StructuredOutputManager.grammar_bitmask, manager, requests, ids, spec)
+    vllm_fill = StructuredOutputManager.grammar_bitmask
+    out = fill.grammar_bitmask(vllm_fill, manager, requests, ids, spec, lambda plain: vllm_fill(manager, requests, plain, {}))
     np.testing.assert_array_equal(out, expected)
     submitted = manager.executor_for_fillmask.submitted
     assert submitted.count("_fill_bitmasks") == len(plain)  # vLLM's parallel fill, batch size 1

@@ -40,10 +40,9 @@ def new_bitmask(manager: Any, rows: int) -> Any:
     32 tokens); only tree requests (no backend): the layout the tree route allocates."""
     if manager.backend is not None:
         return manager.backend.allocate_token_bitmask(rows)
-    import torch
+    from ..tree.route import all_ones_bitmask
 
-    words = (manager.vllm_config.model_config.get_vocab_size() + 31) // 32
-    return torch.full((rows, words), -1, dtype=torch.int32)
+    return all_ones_bitmask(manager.vllm_config, rows)
 
 
 def _shard_bitmask(manager: Any, index: int, rows: int) -> Any:
@@ -111,13 +110,11 @@ def row_layout(ids: list[str], drafted: dict) -> tuple[int, Callable[[list[str],
     return (ends[-1] if ends else 0), rows_of
 
 
-def grammar_bitmask(original: Callable, manager: Any, requests: Any, ids: list[str], drafted: dict | None,
-                    fill_plain: Callable | None = None) -> Any:
+def grammar_bitmask(original: Callable, manager: Any, requests: Any, ids: list[str], drafted: dict,
+                    fill_plain: Callable[[list[str]], Any]) -> Any:
     """The bitmask vLLM's `original` returns for the batch, with the requests without drafts filled
-    by `fill_plain(ids)` (default: vLLM's own fill) and those with drafts by `fill_drafted`."""
-    drafted = drafted or {}
+    by `fill_plain(ids)` (vLLM's own fill, timed by the caller) and those with drafts by `fill_drafted`."""
     with_drafts = [req_id for req_id in ids if drafted.get(req_id)]
-    fill_plain = fill_plain or (lambda plain: original(manager, requests, plain, {}))
     if not with_drafts:
         return fill_plain(ids)
     if len(with_drafts) == len(ids):

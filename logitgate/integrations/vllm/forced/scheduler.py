@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..patching import mark_replacement, unwrapped
+from ..patching import is_replacement, mark_replacement
 from . import max_drafts, proposals
 from .fill import new_bitmask
 
@@ -73,8 +73,7 @@ def _make_room(manager: Any, rows: int) -> None:
 def _vllm_fills_drafts(manager: Any) -> bool:
     """Whether vLLM's own grammar_bitmask fills a drafted batch: sample_first's replacement (which
     hands drafted requests to forced/fill.py) is not installed (LOGITGATE_VLLM_OPS without it)."""
-    method = type(manager).grammar_bitmask
-    return unwrapped(method) is method
+    return not is_replacement(type(manager).grammar_bitmask)
 
 
 def update_after_schedule_replacement(original: Callable, name: str) -> Callable:

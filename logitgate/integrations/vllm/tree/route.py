@@ -268,16 +268,22 @@ def _grammar_future(manager: Any, request: Any) -> Future:
     return done
 
 
+def all_ones_bitmask(vllm_config: Any, rows: int) -> Any:
+    """The int32 (rows, ceil(V/32)) all-ones tensor vLLM's grammar backends allocate as a batch
+    bitmask, for a manager that has no backend (only tree requests)."""
+    import torch
+
+    words = (vllm_config.model_config.get_vocab_size() + 31) // 32
+    return torch.full((rows, words), -1, dtype=torch.int32)
+
+
 def _ensure_bitmask(manager: Any) -> None:
     """vLLM allocates the batch bitmask through its grammar backend, which a server with only tree
-    requests never creates: allocate the same int32 (rows, ceil(V/32)) tensor here."""
+    requests never creates: allocate the same tensor here."""
     if manager._grammar_bitmask is None and manager.backend is None:
-        import torch
-
         config = manager.vllm_config
-        rows = config.scheduler_config.max_num_seqs * (1 + config.num_speculative_tokens)
-        words = (config.model_config.get_vocab_size() + 31) // 32
-        manager._grammar_bitmask = torch.full((rows, words), -1, dtype=torch.int32)
+        manager._grammar_bitmask = all_ones_bitmask(config, config.scheduler_config.max_num_seqs
+                                                    * (1 + config.num_speculative_tokens))
 
 
 def grammar_init_replacement(original: Callable, name: str) -> Callable:
