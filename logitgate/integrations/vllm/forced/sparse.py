@@ -46,6 +46,7 @@ import torch
 
 from .... import envs as _envs
 from .. import metrics
+from .fill import row_layout
 
 __all__ = ["MAX_ALLOWED", "SPARSE_ENV", "Plan", "enabled", "plan_for", "take_masks", "track", "verify"]
 
@@ -146,21 +147,18 @@ def plan_of(logits: torch.Tensor) -> Plan | None:
 
 def _draft_mask_rows(plan: Plan, scheduler_output: Any, grammar_output: Any, input_batch: Any) -> tuple[np.ndarray, list[int]]:
     """(each draft row's row in the scheduler's bitmask, -1 for none; each structured request's
-    bonus row in it, in grammar_output's order), laid out as vLLM's apply_grammar_bitmask reads it."""
+    bonus row in it, in grammar_output's order), in vLLM's layout of that bitmask (fill.row_layout)."""
     spec = scheduler_output.scheduled_spec_decode_tokens
+    ids = grammar_output.structured_output_request_ids
+    _, rows_of = row_layout(ids, spec)
     first_draft = np.concatenate([[0], np.cumsum(plan.num_drafts)])
     index = {req_id: i for i, req_id in enumerate(input_batch.req_ids)}
     mask_rows = np.full(int(first_draft[-1]), -1, dtype=np.int64)
-    bonus_rows = []
-    row = 0
-    for req_id in grammar_output.structured_output_request_ids:
-        count = len(spec.get(req_id, ()))
+    for req_id in ids:
         i = index.get(req_id)
-        if i is not None and count == plan.num_drafts[i]:
-            mask_rows[first_draft[i] : first_draft[i] + count] = np.arange(row, row + count)
-        bonus_rows.append(row + count)
-        row += count + 1
-    return mask_rows, bonus_rows
+        if i is not None and len(spec.get(req_id, ())) == plan.num_drafts[i]:
+            mask_rows[first_draft[i] : first_draft[i + 1]] = rows_of([req_id], {req_id})
+    return mask_rows, [rows_of([req_id])[-1] for req_id in ids]
 
 
 def _allowed(bitmask: np.ndarray, mask_rows: np.ndarray, vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
