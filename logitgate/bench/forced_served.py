@@ -15,11 +15,13 @@ client, `--prompts` requests at concurrency 64, requests ending at the end token
 - `off`: the plugin with forced drafts off (its default);
 - `vllm`: vLLM alone (`VLLM_PLUGINS=`).
 
-The cases: both served schemas in each of `--modes`, then the same requests without a schema (the
-floor, greedy and T = 1). Per case: the median output tokens/s of each side over the rounds, the
-ratios the issue's goals name (forced over off, forced over vLLM alone, each side's structured
-throughput over its own floor, the floor with forced on over off), the decode passes per output
-token (1 - accepted forced drafts / output tokens) and the logits computed per draft row, from
+The cases: the same requests without a schema (the floor, greedy and T = 1), both served schemas in
+each of `--modes`, then the floor again; the ratios take the floor's second run, and each server's
+second run over its first (`after_over_first`) shows whether serving structured requests with the
+feature left that server slower (a drift on one side only) or the host moved (every side). Per
+case: the median output tokens/s of each side over the rounds, the ratios the issue's goals name
+(forced over off, forced over vLLM alone, each side's structured throughput over its own floor, the
+floor with forced on over off), the decode passes per output token (1 - accepted forced drafts / output tokens) and the logits computed per draft row, from
 logitgate's counters. Needs an interpreter with vLLM (run it with .venv-vllm's python).
 """
 from __future__ import annotations
@@ -48,12 +50,30 @@ def side_env(side: str, drafts: int, ops: str = OPS_WITH_LOGITGATE) -> tuple[boo
     return True, env
 
 
+FIRST = "_first"  # the floor's cases run again before the structured ones: `unconstrained_greedy_first`, ...
+
+
 def cases_for(modes: list[str]) -> list[tuple[str, dict | None, str]]:
+    """The floor first, both schemas in each mode, the floor again. The floor's second run is the
+    one the ratios use (a server that has served structured requests, as a mixed server has); its
+    first run tells what serving them did to it: the drift, after over first, on the same server."""
     from logitgate.bench.vllm import FLOOR_MODES
     from logitgate.models.json_records import SCHEMAS
 
+    floor = [(f"unconstrained_{mode}", None, mode) for mode in FLOOR_MODES]
     cases = [(f"{schema}_{mode}", SCHEMAS[schema], mode) for schema in SCHEMAS for mode in modes]
-    return cases + [(f"unconstrained_{mode}", None, mode) for mode in FLOOR_MODES]
+    return [(name + FIRST, schema, mode) for name, schema, mode in floor] + cases + floor
+
+
+def floor_drift(runs: dict[str, list[dict]], name: str) -> dict[str, list[float | None]]:
+    """Per side, per server: the floor case `name`'s tokens/s after the structured cases over its
+    tokens/s before them. A feature that leaves a server slower shows as a drift on its side only;
+    the host's own swings move every side's."""
+    def drift(run: dict) -> float | None:
+        first = run.get(name + FIRST, {}).get("output_throughput")
+        return round(run[name]["output_throughput"] / first, 2) if first else None
+
+    return {side: [drift(run) for run in side_runs] for side, side_runs in runs.items()}
 
 
 def passes_per_token(case: dict) -> float | None:
@@ -104,6 +124,8 @@ def summarize(model: str, backend: str, runs: dict[str, list[dict]], cases: list
         row["ratios"] = ratio
         if schema:
             row["of_floor"] = {side: round(tps[side] / floor[side], 2) for side in tps if tps[side] and floor.get(side)}
+        elif not name.endswith(FIRST):
+            row["after_over_first"] = floor_drift(runs, name)
         rows.append(row)
     return rows
 
