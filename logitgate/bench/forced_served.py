@@ -3,7 +3,7 @@ interleaved round by round, so one run compares them on one host's load.
 
     .venv-vllm/bin/python -m logitgate.bench.forced_served [--models json_writer,random] [--backends xgrammar]
         [--sides forced,whole,off,vllm] [--modes greedy,t1] [--drafts 8] [--rounds 2] [--prompts 128] [--ops OPS]
-        [--out FILE]
+        [--speculative-config JSON] [--out FILE]
 
 Each server is `python -m vllm.entrypoints.openai.api_server` with vLLM's defaults (logitgate.bench.vllm's
 start_server and served_server_run: two warm-up rounds, then each case with vLLM's own benchmark
@@ -131,11 +131,12 @@ def summarize(model: str, backend: str, runs: dict[str, list[dict]], cases: list
 
 
 def run(models: list[str], backends: list[str], sides: list[str], modes: list[str], drafts: int, rounds: int,
-        prompts: int, port: int = 8123, ops: str = OPS_WITH_LOGITGATE) -> dict:
+        prompts: int, port: int = 8123, ops: str = OPS_WITH_LOGITGATE, speculative_config: str | None = None) -> dict:
     from logitgate.bench.vllm import served_model, served_server_run
 
     logs = Path(os.environ.get("TMPDIR", "/tmp"))
     cases = cases_for(modes)
+    extra_args = ["--speculative-config", speculative_config] if speculative_config else None
     rows, identical = [], {}
     for model in models:
         path = served_model(model)
@@ -146,7 +147,7 @@ def run(models: list[str], backends: list[str], sides: list[str], modes: list[st
                     with_logitgate, env = side_env(side, drafts, ops)
                     log = logs / f"bench_forced_served_{model}_{backend}_{side}_{r}.log"
                     result = served_server_run(sys.executable, path, with_logitgate, port, log, backend, env, cases,
-                                               prompts)
+                                               prompts, extra_args)
                     runs[side].append(result)
                     brief = {name: {k: v for k, v in case.items() if k != "texts"} if isinstance(case, dict) else case
                              for name, case in result.items()}
@@ -158,7 +159,7 @@ def run(models: list[str], backends: list[str], sides: list[str], modes: list[st
                                                          for side_runs in runs.values() for run in side_runs)
                                                for name in greedy}
     return {"benchmark": "forced_served", "drafts": drafts, "rounds": rounds, "prompts": prompts, "ops": ops,
-            "sides": sides, "rows": rows,
+            "speculative_config": speculative_config, "sides": sides, "rows": rows,
             "greedy_identical": identical}
 
 
@@ -176,6 +177,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ops", default=OPS_WITH_LOGITGATE,
                         help="the plugin's operations on its sides (LOGITGATE_VLLM_OPS; `forced` is added on the "
                              "forced sides), e.g. without sample_first for the path of hosts where it is off (GPU, NPU)")
+    parser.add_argument("--speculative-config", metavar="JSON",
+                        help="a user's drafter on every server (vLLM's --speculative-config, e.g. "
+                             "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"prompt_lookup_max\": 3}'): "
+                             "forced drafts replace the drafter's where the grammar fixes tokens (item d of issue 37)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
 
@@ -191,6 +196,11 @@ def main(argv: list[str] | None = None) -> dict:
     modes = listed(args.modes, MODES, "modes")
     if args.drafts < 1 or args.rounds < 1 or args.prompts < 1:
         parser.error("--drafts, --rounds and --prompts: at least 1")
+    if args.speculative_config:
+        try:
+            json.loads(args.speculative_config)
+        except ValueError as exc:
+            parser.error(f"--speculative-config is not JSON: {exc}")
     from logitgate.bench.harness import emit
 
     try:
@@ -199,7 +209,8 @@ def main(argv: list[str] | None = None) -> dict:
         result = {"benchmark": "forced_served", "skipped": f"no vLLM in {sys.executable}: {exc}", "rows": []}
         emit(result, args.out)
         return result
-    result = run(models, backends, sides, modes, args.drafts, args.rounds, args.prompts, ops=args.ops)
+    result = run(models, backends, sides, modes, args.drafts, args.rounds, args.prompts, ops=args.ops,
+                 speculative_config=args.speculative_config)
     emit(result, args.out)
     return result
 

@@ -427,12 +427,14 @@ def served_cases() -> list[tuple[str, dict | None, str]]:
 
 def served_server_run(python: str, path: Path, with_logitgate: bool, port: int, log: Path, backend: str,
                       extra_env: dict | None = None, cases: list[tuple[str, dict | None, str]] | None = None,
-                      prompts_n: int = SERVED_PROMPTS) -> dict:
-    """One server (the plugin loaded or not, `extra_env` over its environment): two warm-up rounds,
-    then each of `cases` (default: served_cases()) with vLLM's benchmark client, `prompts_n` requests each."""
+                      prompts_n: int = SERVED_PROMPTS, extra_args: list[str] | None = None) -> dict:
+    """One server (the plugin loaded or not, `extra_env` over its environment, `extra_args` after its
+    command line): two warm-up rounds, then each of `cases` (default: served_cases()) with vLLM's
+    benchmark client, `prompts_n` requests each."""
     from logitgate.models.json_records import SCHEMAS
 
-    server = start_server(python, path, with_logitgate, port, extra_env=extra_env, log=log, backend=backend)
+    server = start_server(python, path, with_logitgate, port, extra_env=extra_env, extra_args=extra_args, log=log,
+                          backend=backend)
     try:
         start_s = wait_healthy(server, port, timeout_s=600.0, log=log, poll_s=1.0)
         bench_client(path, port, SCHEMAS["bounded"], SERVED_MODES["greedy"], prompts_n=SERVED_CONCURRENCY)  # warm-up: compiles
