@@ -21,8 +21,8 @@ second run over its first (`after_over_first`) shows whether serving structured 
 feature left that server slower (a drift on one side only) or the host moved (every side). Per
 case: the median output tokens/s of each side over the rounds, the ratios the issue's goals name
 (forced over off, forced over vLLM alone, each side's structured throughput over its own floor, the
-floor with forced on over off), the decode passes per output token (1 - accepted forced drafts / output tokens) and the logits computed per draft row, from
-logitgate's counters. Needs an interpreter with vLLM (run it with .venv-vllm's python).
+floor with forced on over off), the decode passes per output token (1 - accepted forced drafts /
+output tokens) and the logits computed per draft row, from logitgate's counters. Needs an interpreter with vLLM (run it with .venv-vllm's python).
 """
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
 """The forced-drafts served benchmark's case order and summary (no server: synthetic runs)."""
+import pytest
+
 from logitgate.bench import forced_served
 
 
@@ -57,8 +59,6 @@ def test_every_server_gets_the_users_drafter_and_the_sides_environment(monkeypat
 
 
 def test_a_drafter_config_that_is_not_json_is_refused(capsys):
-    import pytest
-
     with pytest.raises(SystemExit):
         forced_served.main(["--speculative-config", "{method: ngram"])
     assert "--speculative-config is not JSON" in capsys.readouterr().err
