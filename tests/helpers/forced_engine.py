@@ -5,7 +5,8 @@ SCENARIO MODEL BACKEND IN_PROCESS` with the checkout's root first on PYTHONPATH,
 
 - `greedy`: JSON-schema requests (the json_writer model's schemas), greedy, plus tree requests,
   min_tokens / max_tokens / stop-string / n cases; token ids and finish reasons;
-- `drafter`: greedy JSON-schema requests under a user's n-gram drafter;
+- `drafter`: greedy JSON-schema requests under a user's n-gram drafter, alone and in one batch
+  with requests without a schema;
 - `chi2`: many T = 1 samples of a small choice grammar whose strings share prefixes (so forced
   strings are proposed and sometimes rejected); the count of each output.
 """
@@ -108,6 +109,10 @@ def drafter(path: str, backend: str, in_process: bool = True) -> dict:
     so = StructuredOutputsParams(json=SCHEMAS["bounded"])
     out = {"bounded": _tokens(llm.generate(prompts, SamplingParams(max_tokens=96, temperature=0.0, structured_outputs=so),
                                            use_tqdm=False))}
+    # One batch of both kinds: the drafter's rows (free text, and the schema's free positions) are
+    # verified whole by vLLM's pass, the grammar's over their tables, in the same step.
+    mixed = [SamplingParams(max_tokens=64, temperature=0.0, structured_outputs=so if i % 2 else None) for i in range(8)]
+    out["mixed"] = _tokens(llm.generate(prompts, mixed, use_tqdm=False))
     out["routed_calls"] = routed_calls()
     out["metrics"] = logitgate_metrics()
     return out

