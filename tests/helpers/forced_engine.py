@@ -111,7 +111,9 @@ def drafter(path: str, backend: str, in_process: bool = True) -> dict:
                                            use_tqdm=False))}
     # One batch of both kinds: the drafter's rows (free text, and the schema's free positions) are
     # verified whole by vLLM's pass, the grammar's over their tables, in the same step.
-    mixed = [SamplingParams(max_tokens=64, temperature=0.0, structured_outputs=so if i % 2 else None) for i in range(8)]
+    # Two requests (one of each kind) with a penalty: vLLM's processors apply to their drafts.
+    mixed = [SamplingParams(max_tokens=64, temperature=0.0, structured_outputs=so if i % 2 else None,
+                            repetition_penalty=1.3 if i >= 6 else 1.0) for i in range(8)]
     out["mixed"] = _tokens(llm.generate(prompts, mixed, use_tqdm=False))
     out["routed_calls"] = routed_calls()
     out["metrics"] = logitgate_metrics()

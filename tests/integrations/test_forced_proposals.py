@@ -95,3 +95,46 @@ def test_the_stop_token_is_proposed_and_a_grammar_ending_at_free_states_is_fille
     assert proposals.forced_for("xgrammar", free, encode, 4) == []
     assert proposals.forced_for("xgrammar", free, encode, 4) == []
     assert asked == [len(tok), len(tok), None]
+
+
+@pytest.mark.parametrize("speculative,async_scheduling,proposed", [
+    (None, True, True),  # no drafter: the scheduled tokens are the drafts
+    ("ngram", False, True),  # a drafter the scheduler hears from (update_draft_token_ids)
+    ("eagle3", True, False),  # the worker writes its drafter's tokens over the scheduled ones
+])
+def test_no_forced_tokens_where_the_worker_writes_the_drafters(monkeypatch, speculative, async_scheduling, proposed):
+    monkeypatch.setattr(proposals, "forced_for", lambda *args, **kwargs: [7, 8])
+    monkeypatch.setattr(proposals, "last_token_rule", lambda *args: "keep")
+    config = SimpleNamespace(speculative_config=speculative and SimpleNamespace(method=speculative),
+                             scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
+                             model_config=SimpleNamespace(max_model_len=512), num_speculative_tokens=3)
+    manager = SimpleNamespace(vllm_config=config, reasoner_cls=None)
+    grammar = SimpleNamespace(matcher=None, ctx=None)  # an xgrammar grammar, as backend_of reads it
+    request = SimpleNamespace(structured_output_request=SimpleNamespace(grammar=grammar), is_finished=lambda: False,
+                              num_output_tokens=0, num_tokens=10, sampling_params=SimpleNamespace(
+                                  min_p=0.0, logit_bias=None, allowed_token_ids=None, bad_words=None,
+                                  presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, logprobs=None,
+                                  prompt_logprobs=None, seed=None, ignore_eos=False, min_tokens=0, max_tokens=50))
+    assert proposals.drafter_writes_drafts(config) is not proposed
+    assert proposals.propose(manager, request, 8, None) == ([7, 8] if proposed else [])
+
+
+def test_a_request_whose_forced_drafts_are_mostly_rejected_stops_proposing(monkeypatch):
+    """After PROBATION forced drafts verified, a request proposes more only while it accepted at
+    least MIN_ACCEPTANCE of them; the stop is counted once."""
+    from logitgate.integrations.vllm import metrics
+
+    stopped = []
+    monkeypatch.setattr(metrics, "add", lambda name, value=1: stopped.append(name) if name.endswith("stopped") else None)
+    diffuse, trained = SimpleNamespace(), SimpleNamespace()
+    for request, accepted in ((diffuse, 1), (trained, 3)):
+        for _ in range(2):  # 4 drafts a step: PROBATION verified after two
+            assert proposals.accepts_enough(request)
+            request.__dict__[proposals.MARK] = ("xgrammar", 4)
+            proposals.count_verified(request, 4, accepted)
+    assert proposals.PROBATION == 8
+    assert not proposals.accepts_enough(diffuse)  # 2 of 8 accepted
+    assert proposals.accepts_enough(trained)  # 6 of 8
+    assert stopped == ["forced_requests_stopped"]
+    proposals.count_verified(diffuse, 4, 4)  # no drafts proposed (no MARK): nothing counted
+    assert diffuse.__dict__[proposals.TALLY] == [8, 2]

@@ -291,6 +291,9 @@ FORCED_PATCHES: tuple[Patch, ...] = (
     _write("forced", _FORCED_REQUEST, "_logitgate_forced", "forced.proposals.propose",
            "(backend, count) of the forced drafts proposed last, for the acceptance counters; " + _OURS,
            FORCED_UNTIL, vllm_attr=False),
+    _write("forced", _FORCED_REQUEST, "_logitgate_forced_tally", "forced.proposals.count_verified",
+           "[forced drafts verified, accepted] of the request, which stops proposing them below "
+           "proposals.MIN_ACCEPTANCE; " + _OURS, FORCED_UNTIL, vllm_attr=False),
     _write("forced", _FORCED_REQUEST, "_logitgate_bonus_free", "forced.proposals.propose",
            "whether the request's drafts end the forced string, so that sample_first may defer the free bonus row "
            "after them (sample_first.protocol.BONUS_FREE); " + _OURS, FORCED_UNTIL, vllm_attr=False),
@@ -307,8 +310,9 @@ FORCED_PATCHES: tuple[Patch, ...] = (
            "the manager's tokenizer as str -> ids, for xgrammar's forced strings; " + _OURS, FORCED_UNTIL,
            vllm_attr=False),
     _write("forced", RUNNER, "rejection_sampler", "forced.worker._rejection_sampler",
-           "vLLM's RejectionSampler, created on the first batch with drafts on a runner without a speculative "
-           "config", FORCED_UNTIL),
+           "vLLM's RejectionSampler as forced.worker's Verifier: created on the first batch with drafts on a "
+           "runner without a speculative config, or put in place of vLLM's own (same sampler and config) under a "
+           "token drafter's", FORCED_UNTIL),
 )
 
 PATCHES: tuple[Patch, ...] = KERNEL_PATCHES + TREE_PATCHES + FORCED_PATCHES

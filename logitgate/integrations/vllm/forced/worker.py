@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..patching import mark_replacement
-from . import sparse
+from . import max_drafts, sparse
 from .proposals import why_not_drafted
 
 __all__ = ["apply_grammar_bitmask_replacement", "execute_model_replacement", "prepare_inputs_replacement"]
@@ -85,8 +85,8 @@ def prepare_inputs_replacement(original: Callable, name: str) -> Callable:
         if not drafted:
             return logits_indices, metadata, max_sampled
         if self.speculative_config is not None:  # vLLM laid out the drafts; the plan may narrow its rows
-            if metadata is None or not getattr(scheduler_output, "has_structured_output_requests", True) \
-                    or not sparse.plan_for(self):
+            if metadata is None or not max_drafts() or not getattr(scheduler_output, "has_structured_output_requests",
+                                                                   True) or not sparse.plan_for(self):
                 return logits_indices, metadata, max_sampled
             num_drafts = np.asarray(metadata.num_draft_tokens, dtype=np.int32)
         elif metadata is not None:

@@ -222,8 +222,12 @@ def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
 
 def _fill(original: Callable, manager: Any, state: EngineState, requests: Any, ids: list[str], spec: Any) -> Any:
     """vLLM's fill of the batch, nothing deferred: the requests with forced drafts on forced/fill.py's
-    shards, the others timed for the policy (under a user's drafter: vLLM's own fill, all timed)."""
-    if not spec or manager.vllm_config.speculative_config is not None:
+    shards, the others timed for the policy. Under a user's drafter vLLM fills every batch serially
+    (its parallel path needs no speculative config), and nothing is deferred there: the whole batch
+    on forced/fill.py's shards, in parallel under the same rule."""
+    if manager.vllm_config.speculative_config is not None:
+        return fill.fill_drafted(original, manager, requests, ids, spec or {})
+    if not spec:
         return _timed_fill(original, manager, state, requests, ids, spec)
     return fill.grammar_bitmask(original, manager, requests, ids, spec,
                                 lambda plain: _timed_fill(original, manager, state, requests, plain, {}))
