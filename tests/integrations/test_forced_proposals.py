@@ -138,3 +138,22 @@ def test_a_request_whose_forced_drafts_are_mostly_rejected_stops_proposing(monke
     assert stopped == ["forced_requests_stopped"]
     proposals.count_verified(diffuse, 4, 4)  # no drafts proposed (no MARK): nothing counted
     assert diffuse.__dict__[proposals.TALLY] == [8, 2]
+
+
+def test_under_a_drafter_the_forced_tokens_stand_unless_the_drafters_checked_drafts_are_longer():
+    from logitgate.integrations.vllm.forced.scheduler import update_draft_token_ids_replacement
+
+    drafter = {"a": [5, 6, 7], "b": [5], "c": [5, 6]}  # as vLLM leaves them, checked against the grammars
+
+    def original(self, draft_token_ids):
+        for req_id in draft_token_ids.req_ids:
+            self.requests[req_id].spec_token_ids = list(drafter[req_id])
+
+    requests = {}
+    for req_id in drafter:
+        requests[req_id] = SimpleNamespace(spec_token_ids=[1, 2], **{proposals.MARK: ("xgrammar", 2)})
+    update = update_draft_token_ids_replacement(original, "update_draft_token_ids")
+    update(SimpleNamespace(requests=requests), SimpleNamespace(req_ids=list(drafter)))
+    assert requests["a"].spec_token_ids == [5, 6, 7] and proposals.MARK not in vars(requests["a"])  # longer: the drafter's
+    assert requests["b"].spec_token_ids == [1, 2] and proposals.MARK in vars(requests["b"])  # shorter: forced
+    assert requests["c"].spec_token_ids == [1, 2]  # as long: the grammar's first

@@ -211,3 +211,31 @@ def test_shards_are_contiguous_nonempty_runs_in_batch_order(rows, count):
     assert [n for _, n in shards] == [sum(rows[ids.index(r)] for r in run) for run, _ in shards]
     if count <= len(rows):  # about equal: no shard over twice the mean plus one request's rows
         assert max(n for _, n in shards) <= 2 * sum(rows) / len(shards) + max(rows)
+
+
+def test_under_a_users_drafter_the_whole_batch_fills_on_parallel_shards(tokenizer, monkeypatch):
+    """vLLM fills every batch serially under a speculative config (its parallel path needs none):
+    the manager's replacement gives the same bitmask from shards in parallel, for requests with
+    drafts (a drafter's, grammar-checked ones padded with -1 as vLLM pads them) and without."""
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from logitgate.integrations.vllm.forced import fill
+    from logitgate.integrations.vllm.sample_first.scheduler import grammar_bitmask_replacement
+
+    monkeypatch.setattr(fill, "usable_cores", lambda: 2)
+    manager, requests = manager_with(tokenizer, "xgrammar", PREFIXES)
+    manager.vllm_config.speculative_config = SimpleNamespace(method="ngram")
+    manager.vllm_config.num_speculative_tokens = 3
+    spec = forced_drafts(tokenizer, requests, [3, 0, 2, 3, 0, 1])
+    spec["r2"] = spec["r2"][:1] + [-1]  # a draft the grammar refused, padded
+    ids = list(requests)
+    expected = serial_fill(manager, requests, ids, spec)
+    before = positions(manager, requests)
+    replacement = grammar_bitmask_replacement(StructuredOutputManager.grammar_bitmask, "grammar_bitmask")
+    out = replacement(manager, requests, ids, spec)
+    np.testing.assert_array_equal(out, expected)
+    assert manager.executor_for_fillmask.submitted.count("_fill_shard") == 2
+    assert (positions(manager, requests) == before).all()
+    no_drafts = replacement(manager, requests, ids, {})  # a batch without drafts: shards too
+    np.testing.assert_array_equal(no_drafts, serial_fill(manager, requests, ids, {}))
+    assert manager.executor_for_fillmask.submitted.count("_fill_shard") == 4
