@@ -140,7 +140,7 @@ def test_a_request_whose_forced_drafts_are_mostly_rejected_stops_proposing(monke
     assert diffuse.__dict__[proposals.TALLY] == [8, 2]
 
 
-def test_under_a_drafter_the_forced_tokens_stand_unless_the_drafters_checked_drafts_are_longer():
+def test_under_a_drafter_its_checked_drafts_stand_unless_the_grammar_fixes_more_tokens():
     from logitgate.integrations.vllm.forced.scheduler import update_draft_token_ids_replacement
 
     drafter = {"a": [5, 6, 7], "b": [5], "c": [5, 6]}  # as vLLM leaves them, checked against the grammars
@@ -155,5 +155,16 @@ def test_under_a_drafter_the_forced_tokens_stand_unless_the_drafters_checked_dra
     update = update_draft_token_ids_replacement(original, "update_draft_token_ids")
     update(SimpleNamespace(requests=requests), SimpleNamespace(req_ids=list(drafter)))
     assert requests["a"].spec_token_ids == [5, 6, 7] and proposals.MARK not in vars(requests["a"])  # longer: the drafter's
-    assert requests["b"].spec_token_ids == [1, 2] and proposals.MARK in vars(requests["b"])  # shorter: forced
-    assert requests["c"].spec_token_ids == [1, 2]  # as long: the grammar's first
+    assert requests["b"].spec_token_ids == [1, 2] and proposals.MARK in vars(requests["b"])  # fewer: forced
+    assert requests["c"].spec_token_ids == [5, 6]  # as long: the drafter's
+
+
+def test_under_a_drafter_the_batch_names_the_requests_whose_drafts_are_forced():
+    from logitgate.integrations.vllm.forced.scheduler import update_after_schedule_replacement
+
+    requests = {"a": SimpleNamespace(**{proposals.MARK: ("xgrammar", 2)}), "b": SimpleNamespace(), "c": SimpleNamespace()}
+    scheduler = SimpleNamespace(requests=requests, structured_output_manager=None,
+                                vllm_config=SimpleNamespace(speculative_config=SimpleNamespace(method="ngram")))
+    output = SimpleNamespace(scheduled_spec_decode_tokens={"a": [1, 2], "b": [3]})  # c: no drafts this step
+    update_after_schedule_replacement(lambda self, out: None, "_update_after_schedule")(scheduler, output)
+    assert getattr(output, proposals.FORCED_IDS) == frozenset({"a"})

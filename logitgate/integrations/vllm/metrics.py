@@ -111,8 +111,8 @@ COUNTERS: dict[str, Counter] = _declare(
         Counter(f"forced_passes_saved_{backend}", f"decode passes {backend} requests did not take: one per accepted "
                                                   "forced draft"),
     )),
-    Counter("forced_drafter_preferred", "steps in which a request's forced tokens gave way to a user's drafter's "
-                                        "longer drafts (checked against its grammar)"),
+    Counter("forced_drafter_preferred", "steps in which a request's forced tokens gave way to a user's drafter's as many or "
+                                        "more drafts (checked against its grammar)"),
     Counter("forced_requests_stopped", "requests that stopped proposing forced drafts: the model accepted fewer "
                                        "than half of them (forced.proposals.MIN_ACCEPTANCE)"),
     Counter("forced_rows_sparse", "draft rows of batches with forced drafts whose logits were computed over the "

@@ -291,6 +291,10 @@ FORCED_PATCHES: tuple[Patch, ...] = (
     _write("forced", _FORCED_REQUEST, "_logitgate_forced", "forced.proposals.propose",
            "(backend, count) of the forced drafts proposed last, for the acceptance counters; " + _OURS,
            FORCED_UNTIL, vllm_attr=False),
+    _write("forced", "vllm.v1.core.sched.output:SchedulerOutput", "_logitgate_forced_ids",
+           "forced.scheduler.update_after_schedule_replacement",
+           "under a user's drafter, the requests whose drafts are forced tokens (travels to the runner with the "
+           "output, pickled); " + _OURS, FORCED_UNTIL, vllm_attr=False),
     _write("forced", _FORCED_REQUEST, "_logitgate_forced_tally", "forced.proposals.count_verified",
            "[forced drafts verified, accepted] of the request, which stops proposing them below "
            "proposals.MIN_ACCEPTANCE; " + _OURS, FORCED_UNTIL, vllm_attr=False),

@@ -18,6 +18,9 @@ __all__ = ["BACKENDS", "accepts_enough", "backend_of", "drafter_writes_drafts", 
 
 BACKENDS = ("xgrammar", "guidance", "tree")
 MARK = "_logitgate_forced"  # on vLLM's Request: (backend, tokens) of the drafts proposed last
+# On vLLM's SchedulerOutput under a user's drafter: the ids of the requests whose drafts are the
+# grammar's forced tokens (the runner plans a table for those only; the drafter's rows stay whole).
+FORCED_IDS = "_logitgate_forced_ids"
 TALLY = "_logitgate_forced_tally"  # on vLLM's Request: [its forced drafts verified, accepted]
 # A request whose forced drafts the model accepts less than this often stops proposing them once
 # PROBATION of them were verified: a rejected draft costs its mask row's fill and leaves the rows

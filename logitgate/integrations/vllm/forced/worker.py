@@ -22,7 +22,7 @@ import numpy as np
 
 from ..patching import mark_replacement
 from . import max_drafts, sparse
-from .proposals import why_not_drafted
+from .proposals import FORCED_IDS, why_not_drafted
 
 __all__ = ["apply_grammar_bitmask_replacement", "execute_model_replacement", "prepare_inputs_replacement"]
 
@@ -61,15 +61,18 @@ def _rejection_sampler(runner):
     return sampler
 
 
-def _eligible(runner, num_drafts: np.ndarray) -> np.ndarray:
+def _eligible(runner, num_drafts: np.ndarray, forced_ids: frozenset | None) -> np.ndarray:
     """Per request of the batch: its drafts may be verified over a table (proposals.why_not_drafted:
-    no parameter that vLLM's rejection pass applies through its processors). Requests without
-    drafts count as eligible: they have no rows."""
+    no parameter that vLLM's rejection pass applies through its processors; under a user's drafter,
+    its drafts are the grammar's: `forced_ids`). Requests without drafts count as eligible: they
+    have no rows."""
     batch = runner.input_batch
     eligible = np.ones(len(num_drafts), dtype=bool)
     for i in np.flatnonzero(num_drafts):
-        state = runner.requests.get(batch.req_ids[i])
-        eligible[i] = state is not None and why_not_drafted(state.sampling_params) is None
+        req_id = batch.req_ids[i]
+        state = runner.requests.get(req_id)
+        eligible[i] = (state is not None and why_not_drafted(state.sampling_params) is None
+                       and (forced_ids is None or req_id in forced_ids))
     return eligible
 
 
@@ -84,9 +87,12 @@ def prepare_inputs_replacement(original: Callable, name: str) -> Callable:
         drafted = scheduler_output.scheduled_spec_decode_tokens
         if not drafted:
             return logits_indices, metadata, max_sampled
+        forced_ids = getattr(scheduler_output, FORCED_IDS, None)  # under a user's drafter: the grammar's drafts
         if self.speculative_config is not None:  # vLLM laid out the drafts; the plan may narrow its rows
-            if metadata is None or not max_drafts() or not getattr(scheduler_output, "has_structured_output_requests",
-                                                                   True) or not sparse.plan_for(self):
+            # A batch with only the drafter's drafts is vLLM's (a plan would compute its rows apart).
+            may_hold_forced = (getattr(scheduler_output, "has_structured_output_requests", True) if forced_ids is None
+                               else bool(forced_ids))
+            if metadata is None or not max_drafts() or not may_hold_forced or not sparse.plan_for(self):
                 return logits_indices, metadata, max_sampled
             num_drafts = np.asarray(metadata.num_draft_tokens, dtype=np.int32)
         elif metadata is not None:
@@ -107,7 +113,7 @@ def prepare_inputs_replacement(original: Callable, name: str) -> Callable:
         # The forward computes the bonus rows; the draft rows wait for their masks.
         _rejection_sampler(self)
         positions = logits_indices[metadata.target_logits_indices]
-        setattr(self, _PLAN, (sparse.Plan(self.model, num_drafts, _eligible(self, num_drafts)), positions))
+        setattr(self, _PLAN, (sparse.Plan(self.model, num_drafts, _eligible(self, num_drafts, forced_ids)), positions))
         return logits_indices[metadata.bonus_logits_indices], metadata, int(num_drafts.max()) + 1
 
     return mark_replacement(_prepare_inputs, original, name)
