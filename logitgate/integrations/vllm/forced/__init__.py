@@ -13,8 +13,9 @@ a draft with its masked target probability and otherwise draws from the masked t
 
 No server-wide speculative config is needed (scheduler.py, worker.py): steps without drafts run
 vLLM's plain path, so min_p / logit_bias / custom logits processors are not refused. Under a
-user's drafter (`--speculative-config`), the grammar's tokens come first and the drafter's are
-kept where the grammar fixes nothing (scheduler.update_draft_token_ids_replacement); under a drafter
+user's drafter (`--speculative-config`), the drafter's tokens stand and the grammar's replace them
+where it fixes more tokens than the drafter proposed (scheduler.update_draft_token_ids_replacement);
+under a drafter
 that proposes from tokens alone (n-gram, suffix) the grammar's draft rows are verified over their
 allowed tokens beside the drafter's whole rows (sparse.py).
 

@@ -26,7 +26,7 @@ TALLY = "_logitgate_forced_tally"  # on vLLM's Request: [its forced drafts verif
 # PROBATION of them were verified: a rejected draft costs its mask row's fill and leaves the rows
 # after it (the bonus row's, a free state's, the costly fill) filled for nothing. A model trained on
 # the schema accepts 85-90% of them; a diffuse one picks other tokenizations of the forced string
-# (31% accepted on the random benchmark model, where drafting made a server 0.77-0.98x slower).
+# (31% accepted on the random benchmark model, where drafting ran a server at 0.77-0.98x).
 MIN_ACCEPTANCE = 0.5
 PROBATION = 8
 _ENDS_FREE = "_logitgate_ends_free"  # on an xgrammar grammar: it may end where several tokens are allowed

@@ -5,11 +5,11 @@ rows, and counting their outcome. Replacement bodies of the `forced` rows of pat
   forced tokens become its spec_token_ids (vLLM's schedule() reads them as drafts).
 - Scheduler._update_after_schedule: a batch with drafts and no server-wide speculative config
   needs a mask row per draft position; under a user's drafter, the batch's output names the
-  requests whose drafts are forced tokens (proposals.FORCED_IDS), for the runner's plan. The manager's grammar_bitmask (sample_first's
-  replacement) fills the drafted requests on bitmasks of their own (forced/fill.py); only where
-  vLLM's own method would meet the drafts (that replacement not installed) is its
-  bitmask made large enough and its parallel fill, which writes one row per request, turned off
-  while drafts run.
+  requests whose drafts are forced tokens (proposals.FORCED_IDS), for the runner's plan. The
+  manager's grammar_bitmask (sample_first's replacement) fills the drafted requests on bitmasks of
+  their own (forced/fill.py); only where vLLM's own method would meet the drafts (that replacement
+  not installed) is its bitmask made large enough and its parallel fill, which writes one row per
+  request, turned off while drafts run.
 - Scheduler.make_spec_decoding_stats: counts accepted forced drafts (logitgate_forced_*), and
   without a speculative config reports no speculative stats to vLLM (its SpecDecodingStats are
   sized by the configured draft count, 0 here).
