@@ -148,7 +148,7 @@ gpu-wheels:
 	@mkdir -p $(GPU_WHEELS_DIR)
 	grep -vE '^($(GPU_WHEELS_SKIP))==' $(PINS) > $(GPU_WHEELS_DIR)/pins.txt
 	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-		--abi cp312 --abi abi3 --abi none --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+		--abi cp312 --abi abi3 --abi none --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 		--platform manylinux2014_x86_64 -d $(GPU_WHEELS_DIR) -r $(GPU_WHEELS_DIR)/pins.txt
 	@size=$$(du -sm $(GPU_WHEELS_DIR) | cut -f1); echo "$(GPU_WHEELS_DIR): $$size MiB"; \
 		test $$size -le 64 || { echo "over the 64 MiB budget"; exit 1; }

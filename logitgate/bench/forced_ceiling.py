@@ -19,12 +19,19 @@ Replay, per output token (a fresh matcher advanced through the output):
   distribution at T=1 too: a point-mass draft is emitted exactly when it is accepted.
 Baseline: plain decoding, 1 pass per token.
 
-    python -m logitgate.bench.forced_ceiling [--prompts 32] [--max-tokens 64] [--out F]
+Time (`--rounds R`, `--device`): the decode loop without and with forced drafts, interleaved R
+times on the same device, wall-clock seconds per side (medians) and their ratio. The loop has no KV
+cache (each pass recomputes the sequence), so on a GPU a tiny model's pass is launch-bound and
+roughly costs the same with or without drafts appended: the time saved is the passes saved less
+the work of proposing drafts (the grammar's jump-forward string, its tokenization).
+
+    python -m logitgate.bench.forced_ceiling [--prompts 32] [--max-tokens 64] [--rounds 1] [--device cpu] [--out F]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
@@ -88,13 +95,15 @@ def replay(output: list[int], compiled: xgr.CompiledGrammar, encode, texts: list
     return out
 
 
-def decode_all(model, prompts, params, manager, eos, batch, jump_forward):
+def decode_all(model, prompts, params, manager, eos, batch, jump_forward, device="cpu"):
     outputs, stats = [], []
+    began = time.perf_counter()
     for start in range(0, len(prompts), batch):
         requests = [Request(p, params(start + j)) for j, p in enumerate(prompts[start : start + batch])]
-        result = generate(model, requests, eos_token_id=eos, manager=manager, jump_forward=jump_forward)
+        result = generate(model, requests, eos_token_id=eos, manager=manager, jump_forward=jump_forward, device=device)
         outputs += [o.token_ids for o in result.outputs]
         stats.append(result.stats)
+    wall = time.perf_counter() - began  # the loop reads every token on the host: no sync needed
     return outputs, {
         "tokens": sum(s.tokens for s in stats),
         "sequence_steps": sum(s.sequence_steps for s in stats),
@@ -103,7 +112,30 @@ def decode_all(model, prompts, params, manager, eos, batch, jump_forward):
         "proposed_forced_drafts": sum(s.proposed_forced_drafts for s in stats),
         "accepted_forced_drafts": sum(s.accepted_forced_drafts for s in stats),
         "seconds": sum(sum(s.seconds.values()) for s in stats),
+        "wall_seconds": wall,
     }
+
+
+def timed(model, prompts, params, manager, eos, args) -> tuple[list, dict, list, dict, dict]:
+    """Both sides `args.rounds` times, interleaved (plain, forced, plain, ...): the first round's
+    outputs and counts, and the median wall-clock seconds of each side with their ratio."""
+    walls: dict[str, list[float]] = {"without_forced": [], "with_forced": []}
+    first = None
+    for _ in range(args.rounds):
+        plain_outputs, plain = decode_all(model, prompts, params, manager, eos, args.batch, False, args.device)
+        forced_outputs, forced = decode_all(model, prompts, params, manager, eos, args.batch, True, args.device)
+        walls["without_forced"].append(plain["wall_seconds"])
+        walls["with_forced"].append(forced["wall_seconds"])
+        first = first or (plain_outputs, plain, forced_outputs, forced)
+    medians = {side: statistics.median(w) for side, w in walls.items()}
+    timing = {
+        "device": str(args.device), "rounds": args.rounds, "wall_seconds": walls,
+        "median_wall_seconds": medians,
+        "tokens_per_second": {"without_forced": first[1]["tokens"] / medians["without_forced"],
+                              "with_forced": first[3]["tokens"] / medians["with_forced"]},
+        "speedup_with_forced": medians["without_forced"] / medians["with_forced"],
+    }
+    return (*first, timing)
 
 
 def main() -> None:
@@ -112,11 +144,16 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--temperatures", default="0,1")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved timing rounds per case")
+    parser.add_argument("--device", default="cpu", help="where the model runs and the loop samples (cpu, cuda)")
     parser.add_argument("--out")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     torch.set_grad_enabled(False)
     path = json_writer_model()
     model, tok = load(path)
+    model = model.to(args.device)
     vocab_size = model.config.vocab_size
     eos = model.config.eos_token_id
     info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab_size)
@@ -140,8 +177,7 @@ def main() -> None:
                     return SamplingParams(temperature=temperature, seed=1000 + i, max_tokens=args.max_tokens,
                                           structured_outputs=StructuredOutputsParams(grammar=grammar))
                 began = time.perf_counter()
-                plain_outputs, plain = decode_all(model, prompts, params, manager, eos, args.batch, False)
-                forced_outputs, forced = decode_all(model, prompts, params, manager, eos, args.batch, True)
+                plain_outputs, plain, forced_outputs, forced, timing = timed(model, prompts, params, manager, eos, args)
                 if temperature == 0:
                     assert forced_outputs == plain_outputs, "greedy outputs changed with forced drafts"
                 counts = [replay(o, compiled, encode, texts, vocab_size) for o in plain_outputs]
@@ -170,16 +206,19 @@ def main() -> None:
                         "with_forced": {**forced, "passes_per_token": forced["sequence_steps"] / forced["tokens"],
                                         "acceptance": forced["accepted_forced_drafts"] / max(1, forced["proposed_forced_drafts"])},
                     },
+                    "timing": timing,
                     "seconds": time.perf_counter() - began,
                 }
                 rows.append(row)
-                print(json.dumps({k: row[k] for k in ("schema", "temperature", "token_forced_share", "string_forced_share",
-                                                      "ideal_passes_per_token")}), flush=True)
+                print(json.dumps({**{k: row[k] for k in ("schema", "temperature", "token_forced_share", "string_forced_share",
+                                                         "ideal_passes_per_token")},
+                                  "speedup_with_forced": timing["speedup_with_forced"]}), flush=True)
     finally:
         manager.close()
     emit({
         "benchmark": "forced_ceiling", "model": str(path.name), "prompts": args.prompts, "max_tokens": args.max_tokens,
-        "baseline": "plain decoding: 1 target pass per token", "rows": rows,
+        "device": str(args.device), "device_name": torch.cuda.get_device_name() if str(args.device).startswith("cuda") else "cpu",
+        "torch": torch.__version__, "baseline": "plain decoding: 1 target pass per token", "rows": rows,
     }, args.out)
 
 
