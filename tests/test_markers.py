@@ -25,7 +25,9 @@ def test_every_slow_entry_names_a_test(entry):
 
 
 def _collected(*args: str) -> list[str]:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    # ROOT first, the caller's PYTHONPATH kept: the GPU machines bring packages in through it
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode in (0, 5), proc.stdout[-2000:] + proc.stderr[-2000:]  # 5: nothing selected

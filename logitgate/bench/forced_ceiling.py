@@ -150,8 +150,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
-    torch.set_grad_enabled(False)
     path = json_writer_model()
+    torch.set_grad_enabled(False)
     model, tok = load(path)
     model = model.to(args.device)
     vocab_size = model.config.vocab_size

@@ -168,7 +168,8 @@ def train(recipe: Recipe) -> tuple[Any, Any, dict[str, Any]]:
                                        heads=recipe.heads, kv_heads=recipe.kv_heads, seed=recipe.seed)
         sequences = training_sequences(recipe, tokenizer, model.model.embed_tokens.weight)
         data_s = time.perf_counter() - started
-        losses = _fit(model, sequences, recipe)
+        with torch.enable_grad():  # a caller inside no_grad / set_grad_enabled(False) still trains
+            losses = _fit(model, sequences, recipe)
         exact = _exact_loss(model, sequences[-recipe.batch :])
     finally:
         torch.set_num_threads(threads)

@@ -7,7 +7,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from logitgate.backends.base import NOISE_EXPONENTIAL, NOISE_UNIFORM
+from logitgate.backends.base import NOISE_EXPONENTIAL, NOISE_PHILOX, NOISE_UNIFORM
 from logitgate.backends.cpu.sampling_kernels import inverse_cdf_sample_cpu
 from logitgate.backends.emulated import EmulatedEvent, EmulatedNpuBackend
 from logitgate.backends.reference import apply_top_k_top_p_reference, exponential_race, inverse_cdf_sample_reference
@@ -284,5 +284,7 @@ def test_sampling_constraints_compose_temperature_and_filters(backend):
 def test_backends_report_their_sampling_kernels(backend):
     kernels = backend.kernels()
     assert "random_sample" in kernels and "top_k_top_p" in kernels
-    expected_noise = NOISE_UNIFORM if backend.name == "cpu" else NOISE_EXPONENTIAL
+    # CUDA's v2 sampling kernel generates its noise from a per-row Philox seed (backends/variants.py)
+    expected_noise = (NOISE_UNIFORM if backend.name == "cpu"
+                      else NOISE_PHILOX if backend.fused_logit_sampling else NOISE_EXPONENTIAL)
     assert backend.sampling_noise_kind == expected_noise
