@@ -41,6 +41,7 @@ found there, and that model is verified over whole rows from then on (logged onc
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import sys
 import weakref
@@ -144,9 +145,18 @@ class Plan:
     dense: np.ndarray | None = None  # per request: verified by vLLM's pass over whole rows
     dense_logits: torch.Tensor | None = None  # (the dense requests' draft rows, vocabulary) float32, masked
 
+    @functools.cached_property
     def row_requests(self) -> np.ndarray:
-        """Each draft row's request."""
+        """Each draft row's request (num_drafts is fixed when the plan is made)."""
         return np.repeat(np.arange(len(self.num_drafts)), self.num_drafts)
+
+    def group(self, members: np.ndarray, device: torch.device, cu_dtype: torch.dtype) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        """A rejection pass over the requests in `members` (bool per request) alone: their draft
+        counts with every other request's zeroed (int32), the counts' cumulative sum on `device`
+        (vLLM's cu_num_draft_tokens), and which draft rows are theirs (bool on `device`)."""
+        num = np.where(members, self.num_drafts, 0).astype(np.int32)
+        cu = torch.from_numpy(np.cumsum(num)).to(device=device, dtype=cu_dtype)
+        return num, cu, torch.from_numpy(members[self.row_requests]).to(device)
 
 
 # id(the step's logits) -> (those logits, kept alive so the id is not reused; their plan), until verified
@@ -259,7 +269,7 @@ def _table(plan: Plan, rows: np.ndarray, tokens: np.ndarray, values: torch.Tenso
 def _dense_requests(plan: Plan, narrow: np.ndarray) -> np.ndarray:
     """Per request: a draft row of it is not narrow (a drafter's row where the grammar is free, a
     request without a grammar, a row past MAX_ALLOWED) or its parameters ask for vLLM's processors."""
-    row_request = plan.row_requests()
+    row_request = plan.row_requests
     table_ok = narrow if plan.eligible is None else narrow & plan.eligible[row_request]
     dense = np.zeros(len(plan.num_drafts), dtype=bool)
     dense[row_request[~table_ok]] = True
@@ -270,7 +280,7 @@ def _dense_logits(plan: Plan, dense: np.ndarray, bitmask: np.ndarray | None, mas
     """The dense requests' draft rows computed over the vocabulary by the model, each masked by its
     bitmask row where it has one (xgrammar's kernel, as vLLM's apply_grammar_bitmask)."""
     plan.dense = dense
-    which = np.flatnonzero(dense[plan.row_requests()])
+    which = np.flatnonzero(dense[plan.row_requests])
     if len(which) == 0:
         plan.dense_logits = None
         return
@@ -301,7 +311,7 @@ def take_masks(plan: Plan, logits: torch.Tensor, scheduler_output: Any, grammar_
     if head is None:
         narrow[:] = False
     dense = _dense_requests(plan, narrow)
-    keep = ~dense[plan.row_requests()[rows]] if len(rows) else np.zeros(0, dtype=bool)
+    keep = ~dense[plan.row_requests[rows]] if len(rows) else np.zeros(0, dtype=bool)
     rows, tokens = rows[keep], tokens[keep]
     values = _head_logits(head, plan.hidden, rows, tokens) if len(rows) else torch.zeros(0)
     if len(rows) and plan.model not in _checked:
@@ -312,7 +322,7 @@ def take_masks(plan: Plan, logits: torch.Tensor, scheduler_output: Any, grammar_
             rows, tokens, values = rows[:0], tokens[:0], values[:0]
     _table(plan, rows, tokens, values)
     _dense_logits(plan, dense, bitmask, mask_rows)
-    metrics.add("forced_rows_sparse", int((~dense[plan.row_requests()]).sum()))
+    metrics.add("forced_rows_sparse", int((~dense[plan.row_requests]).sum()))
     metrics.add("forced_logits_computed", len(rows))
     changes: dict[str, Any] = {"grammar_bitmask": bitmask[bonus_rows]}
     if getattr(grammar_output, "num_acceptable_drafts", None) is not None:
@@ -326,15 +336,13 @@ def _vllm_pass(plan: Plan, rejection: Any, metadata: Any, logits: torch.Tensor, 
     bonus tokens are drawn there, their drafts are verified over their tables)."""
     from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
-    num = np.where(plan.dense, plan.num_drafts, 0).astype(np.int32)
-    drafts = int(num.sum())
     device = logits.device
-    rows = torch.from_numpy(plan.dense[plan.row_requests()]).to(device)
-    cu = metadata.cu_num_draft_tokens
+    dtype = metadata.cu_num_draft_tokens.dtype
+    num, cu, rows = plan.group(plan.dense, device, dtype)
+    drafts = int(num.sum())
     reduced = SpecDecodeMetadata(
         draft_token_ids=metadata.draft_token_ids[rows].contiguous(), num_draft_tokens=num.tolist(),
-        cu_num_draft_tokens=torch.from_numpy(np.cumsum(num)).to(device=device, dtype=cu.dtype),
-        cu_num_sampled_tokens=torch.from_numpy(np.cumsum(num + 1)).to(device=device, dtype=cu.dtype),
+        cu_num_draft_tokens=cu, cu_num_sampled_tokens=torch.from_numpy(np.cumsum(num + 1)).to(device=device, dtype=dtype),
         target_logits_indices=torch.arange(drafts, device=device, dtype=torch.int32),
         bonus_logits_indices=torch.arange(drafts, drafts + len(num), device=device, dtype=torch.int32),
         logits_indices=torch.arange(drafts + len(num), device=device, dtype=torch.int32))
@@ -353,10 +361,8 @@ def _table_pass(plan: Plan, metadata: Any, sampling_metadata: Any, bonus: torch.
     a request whose drafts are all accepted."""
     from vllm.v1.sample import rejection_sampler as rejection
 
-    tabled = ~plan.dense & (plan.num_drafts > 0)
-    num = np.where(tabled, plan.num_drafts, 0).astype(np.int32)
     device = plan.tokens.device
-    rows = torch.from_numpy(tabled[plan.row_requests()]).to(device)
+    num, cu, rows = plan.group(~plan.dense & (plan.num_drafts > 0), device, metadata.cu_num_draft_tokens.dtype)
     tokens, values = plan.tokens[rows], plan.values[rows]
     drafts = metadata.draft_token_ids.to(device)[rows].long()
     found = tokens == drafts[:, None]
@@ -365,7 +371,6 @@ def _table_pass(plan: Plan, metadata: Any, sampling_metadata: Any, bonus: torch.
     columns = torch.where(found.any(1), found.int().argmax(1), pad)
     values = torch.cat([values, torch.full((len(drafts), 1), float("-inf"), device=device)], 1)
     tokens = torch.cat([tokens, torch.zeros((len(drafts), 1), dtype=torch.int64, device=device)], 1)
-    cu = torch.from_numpy(np.cumsum(num)).to(device=device, dtype=metadata.cu_num_draft_tokens.dtype)
     target = rejection.apply_sampling_constraints(values, cu, sampling_metadata)
     # The table's columns stand for tokens: the bonus tokens go in after (column 0 meanwhile).
     out = rejection.rejection_sample(columns.to(metadata.draft_token_ids.dtype).contiguous(), num.tolist(),

@@ -95,6 +95,7 @@ def prepare_inputs_replacement(original: Callable, name: str) -> Callable:
             if metadata is None or not max_drafts() or not may_hold_forced or not sparse.plan_for(self):
                 return logits_indices, metadata, max_sampled
             num_drafts = np.asarray(metadata.num_draft_tokens, dtype=np.int32)
+            _rejection_sampler(self)  # vLLM's replaced by the Verifier (same sampler and config)
         elif metadata is not None:
             return logits_indices, metadata, max_sampled
         else:
@@ -111,7 +112,6 @@ def prepare_inputs_replacement(original: Callable, name: str) -> Callable:
             if not sparse.plan_for(self):
                 return logits_indices, metadata, int(num_drafts.max()) + 1
         # The forward computes the bonus rows; the draft rows wait for their masks.
-        _rejection_sampler(self)
         positions = logits_indices[metadata.target_logits_indices]
         setattr(self, _PLAN, (sparse.Plan(self.model, num_drafts, _eligible(self, num_drafts, forced_ids)), positions))
         return logits_indices[metadata.bonus_logits_indices], metadata, int(num_drafts.max()) + 1
