@@ -168,3 +168,71 @@ def test_under_a_drafter_the_batch_names_the_requests_whose_drafts_are_forced():
     output = SimpleNamespace(scheduled_spec_decode_tokens={"a": [1, 2], "b": [3]})  # c: no drafts this step
     update_after_schedule_replacement(lambda self, out: None, "_update_after_schedule")(scheduler, output)
     assert getattr(output, proposals.FORCED_IDS) == frozenset({"a"})
+
+
+def _schema_request(key):
+    return SimpleNamespace(structured_output_request=SimpleNamespace(structured_output_key=key))
+
+
+def _serve(manager, key, accepted_per_step, steps=2):
+    """One request of `key`: started (as propose starts it), then `steps` steps of 4 forced drafts,
+    `accepted_per_step` of each accepted, while it still proposes. Whether it started proposing."""
+    request = _schema_request(key)
+    proposals._start(manager, request)
+    started = proposals.accepts_enough(request)
+    for _ in range(steps):
+        if not proposals.accepts_enough(request):
+            break
+        request.__dict__[proposals.MARK] = ("xgrammar", 4)
+        proposals.count_verified(request, 4, accepted_per_step, proposals.schema_tallies(manager))
+    return started
+
+
+def test_a_schema_whose_drafts_are_mostly_rejected_starts_its_next_requests_stopped(monkeypatch):
+    """Every request used to serve its own probation: after SCHEMA_PROBATION drafts of a schema
+    verified below MIN_ACCEPTANCE, its new requests start stopped, all but one in PROBE_EVERY; a
+    schema the model follows, and another schema, are not affected; the stops are counted."""
+    from logitgate.integrations.vllm import metrics
+
+    counted = []
+    monkeypatch.setattr(metrics, "add", lambda name, value=1: counted.append(name) if name.endswith("stopped") else None)
+    manager = SimpleNamespace()
+    diffuse, trained = ("json", '{"type": "object"}'), ("regex", "[a-z]+")
+    probation_requests = proposals.SCHEMA_PROBATION // 8  # each verifies 8 drafts (2 steps of 4)
+    assert all(_serve(manager, diffuse, 1) for _ in range(probation_requests))  # 25% accepted
+    assert all(_serve(manager, trained, 4) for _ in range(probation_requests))
+    counted.clear()
+    started = [_serve(manager, diffuse, 1) for _ in range(2 * proposals.PROBE_EVERY)]
+    assert started.count(True) == 2  # the probes
+    assert len(counted) == 2 * proposals.PROBE_EVERY  # 30 started stopped, the 2 probes stopped on their own
+    assert all(_serve(manager, trained, 4) for _ in range(2 * proposals.PROBE_EVERY))
+    assert _serve(manager, ("json", "{}"), 0)  # an unseen schema serves its own probation
+    assert _serve(SimpleNamespace(), diffuse, 1)  # another engine counts its own
+
+
+def test_a_schema_resumes_when_its_probes_are_accepted():
+    """The count halves past SCHEMA_WINDOW drafts, so probes the model now accepts bring the schema
+    back above MIN_ACCEPTANCE."""
+    manager = SimpleNamespace()
+    key = ("json", "{}")
+    for _ in range(proposals.SCHEMA_WINDOW // 8):
+        _serve(manager, key, 0)
+    tallies = proposals.schema_tallies(manager)
+    assert tallies._tallies[key][0] <= proposals.SCHEMA_WINDOW
+    assert [_serve(manager, key, 0) for _ in range(proposals.PROBE_EVERY)].count(True) == 1  # one probe
+    for _ in range(100 * proposals.PROBE_EVERY):
+        _serve(manager, key, 4, steps=16)  # the probes: 64 drafts each, all accepted
+        verified, accepted, _ = tallies._tallies[key]
+        if accepted >= proposals.MIN_ACCEPTANCE * verified:
+            break
+    else:
+        raise AssertionError("the schema never resumed")
+    assert all(_serve(manager, key, 4) for _ in range(proposals.PROBE_EVERY))
+
+
+def test_the_engine_remembers_at_most_max_schemas(monkeypatch):
+    monkeypatch.setattr(proposals, "MAX_SCHEMAS", 3)
+    tallies = proposals.SchemaTallies()
+    for i in range(10):
+        tallies.add(("json", str(i)), 4, 0)
+    assert len(tallies) == 3 and not tallies.starts_stopped(("json", "0"))

@@ -114,7 +114,8 @@ COUNTERS: dict[str, Counter] = _declare(
     Counter("forced_drafter_preferred", "steps in which a request's forced tokens gave way to a user's drafter's as many or "
                                         "more drafts (checked against its grammar)"),
     Counter("forced_requests_stopped", "requests that stopped proposing forced drafts: the model accepted fewer "
-                                       "than half of them (forced.proposals.MIN_ACCEPTANCE)"),
+                                       "than half of theirs, or of their schema's requests' (forced.proposals."
+                                       "MIN_ACCEPTANCE, SchemaTallies)"),
     Counter("forced_rows_sparse", "draft rows of batches with forced drafts whose logits were computed over the "
                                   "tokens their masks allow"),
     Counter("forced_rows_whole", "draft rows of such batches computed over the whole vocabulary (a user's drafter's "

@@ -298,6 +298,9 @@ FORCED_PATCHES: tuple[Patch, ...] = (
     _write("forced", _FORCED_REQUEST, "_logitgate_forced_tally", "forced.proposals.count_verified",
            "[forced drafts verified, accepted] of the request, which stops proposing them below "
            "proposals.MIN_ACCEPTANCE; " + _OURS, FORCED_UNTIL, vllm_attr=False),
+    _write("forced", MANAGER, "_logitgate_forced_schemas", "forced.proposals.schema_tallies",
+           "per schema, the forced drafts its requests had verified and accepted: a schema whose drafts are mostly "
+           "rejected starts its next requests stopped (proposals.SchemaTallies); " + _OURS, FORCED_UNTIL, vllm_attr=False),
     _write("forced", _FORCED_REQUEST, "_logitgate_bonus_free", "forced.proposals.propose",
            "whether the request's drafts end the forced string, so that sample_first may defer the free bonus row "
            "after them (sample_first.protocol.BONUS_FREE); " + _OURS, FORCED_UNTIL, vllm_attr=False),

@@ -9,12 +9,14 @@ proposed for the acceptance counters.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 from .. import metrics
 from ..sample_first.protocol import BONUS_FREE
 
-__all__ = ["BACKENDS", "accepts_enough", "backend_of", "drafter_writes_drafts", "forced_for", "propose", "why_not_drafted"]
+__all__ = ["BACKENDS", "SchemaTallies", "accepts_enough", "backend_of", "drafter_writes_drafts", "forced_for", "propose",
+           "schema_tallies", "why_not_drafted"]
 
 BACKENDS = ("xgrammar", "guidance", "tree")
 MARK = "_logitgate_forced"  # on vLLM's Request: (backend, tokens) of the drafts proposed last
@@ -29,6 +31,17 @@ TALLY = "_logitgate_forced_tally"  # on vLLM's Request: [its forced drafts verif
 # (31% accepted on the random benchmark model, where drafting ran a server at 0.77-0.98x).
 MIN_ACCEPTANCE = 0.5
 PROBATION = 8
+# Each request served its own probation, so a diffuse model paid 2-3 steps of rejected drafts (and
+# their rows' fills) for every request of a schema it never follows. A schema's requests are
+# counted together (SchemaTallies, one per engine): once SCHEMA_PROBATION of its forced drafts were
+# verified below MIN_ACCEPTANCE, its next requests start stopped, all but one in PROBE_EVERY, which
+# probe as before and keep the count current (it halves past SCHEMA_WINDOW drafts: recent requests
+# weigh most), so a schema the model learns to follow resumes.
+SCHEMA_PROBATION = 32
+PROBE_EVERY = 16
+SCHEMA_WINDOW = 512
+MAX_SCHEMAS = 1024  # schemas remembered per engine, the least recently counted forgotten first
+SCHEMAS = "_logitgate_forced_schemas"  # on vLLM's StructuredOutputManager: its SchemaTallies
 _ENDS_FREE = "_logitgate_ends_free"  # on an xgrammar grammar: it may end where several tokens are allowed
 
 
@@ -103,6 +116,61 @@ def last_token_rule(manager: Any, request: Any) -> str:
     return "keep" if bonus_may_sample_first(manager, request) else "drop"
 
 
+class SchemaTallies:
+    """Per schema (vLLM's structured_output_key): [forced drafts verified, accepted, requests
+    started] over the engine's requests."""
+
+    def __init__(self) -> None:
+        self._tallies: OrderedDict[Any, list[int]] = OrderedDict()
+
+    def add(self, key: Any, verified: int, accepted: int) -> None:
+        tally = self._tallies.setdefault(key, [0, 0, 0])
+        self._tallies.move_to_end(key)
+        tally[0] += verified
+        tally[1] += accepted
+        if tally[0] > SCHEMA_WINDOW:
+            tally[0], tally[1] = tally[0] // 2, tally[1] // 2
+        while len(self._tallies) > MAX_SCHEMAS:
+            self._tallies.popitem(last=False)
+
+    def starts_stopped(self, key: Any) -> bool:
+        """Whether a new request of `key` starts without proposing forced drafts (its schema's are
+        mostly rejected, and it is not that schema's turn to probe)."""
+        tally = self._tallies.get(key)
+        if tally is None:
+            return False
+        tally[2] += 1
+        verified, accepted = tally[0], tally[1]
+        return verified >= SCHEMA_PROBATION and accepted < MIN_ACCEPTANCE * verified and tally[2] % PROBE_EVERY != 0
+
+    def __len__(self) -> int:
+        return len(self._tallies)
+
+
+def schema_tallies(manager: Any) -> SchemaTallies:
+    """The engine's SchemaTallies (on its structured-output manager)."""
+    tallies = manager.__dict__.get(SCHEMAS)
+    if tallies is None:
+        tallies = SchemaTallies()
+        setattr(manager, SCHEMAS, tallies)
+    return tallies
+
+
+def _schema_key(request: Any) -> Any:
+    structured = getattr(request, "structured_output_request", None)
+    return getattr(structured, "structured_output_key", None) if structured is not None else None
+
+
+def _start(manager: Any, request: Any) -> None:
+    """A request's first proposal: it starts stopped where its schema's forced drafts are mostly
+    rejected (SchemaTallies), with a tally that says so (accepts_enough)."""
+    key = _schema_key(request)
+    stopped = key is not None and schema_tallies(manager).starts_stopped(key)
+    request.__dict__[TALLY] = [PROBATION, 0] if stopped else [0, 0]
+    if stopped:
+        metrics.add("forced_requests_stopped")
+
+
 def accepts_enough(request: Any) -> bool:
     """Whether `request` still proposes forced drafts: fewer than PROBATION of them verified yet,
     or at least MIN_ACCEPTANCE of those accepted."""
@@ -137,7 +205,11 @@ def propose(manager: Any, request: Any, drafts: int, encode: Any) -> list[int]:
     structured = request.structured_output_request
     if structured is None or request.is_finished() or why_not_drafted(request.sampling_params):
         return []
-    if drafter_writes_drafts(manager.vllm_config) or not accepts_enough(request):
+    if drafter_writes_drafts(manager.vllm_config):
+        return []
+    if TALLY not in request.__dict__:
+        _start(manager, request)
+    if not accepts_enough(request):
         return []
     params = request.sampling_params
     if request.num_output_tokens < params.min_tokens:
@@ -163,9 +235,9 @@ def propose(manager: Any, request: Any, drafts: int, encode: Any) -> list[int]:
     return tokens
 
 
-def count_verified(request: Any, num_drafts: int, num_accepted: int) -> None:
+def count_verified(request: Any, num_drafts: int, num_accepted: int, schemas: SchemaTallies | None = None) -> None:
     """The outcome of `request`'s forced drafts in the step that verified them: accepted drafts are
-    decode passes saved."""
+    decode passes saved; counted for the request and, given `schemas`, for its schema."""
     mark = request.__dict__.pop(MARK, None) if request is not None else None
     if mark is None or num_drafts <= 0:
         return
@@ -175,6 +247,9 @@ def count_verified(request: Any, num_drafts: int, num_accepted: int) -> None:
     tally[1] += num_accepted
     if was_drafting and not accepts_enough(request):
         metrics.add("forced_requests_stopped")
+    key = _schema_key(request) if schemas is not None else None
+    if key is not None:
+        schemas.add(key, num_drafts, num_accepted)
     backend = mark[0]
     metrics.add(f"forced_accepted_{backend}", num_accepted)
     metrics.add(f"forced_passes_saved_{backend}", num_accepted)
