@@ -127,15 +127,16 @@ def timed(model, prompts, params, manager, eos, args) -> tuple[list, dict, list,
         walls["without_forced"].append(plain["wall_seconds"])
         walls["with_forced"].append(forced["wall_seconds"])
         first = first or (plain_outputs, plain, forced_outputs, forced)
+    plain_outputs, plain, forced_outputs, forced = first
     medians = {side: statistics.median(w) for side, w in walls.items()}
     timing = {
         "device": str(args.device), "rounds": args.rounds, "wall_seconds": walls,
         "median_wall_seconds": medians,
-        "tokens_per_second": {"without_forced": first[1]["tokens"] / medians["without_forced"],
-                              "with_forced": first[3]["tokens"] / medians["with_forced"]},
+        "tokens_per_second": {"without_forced": plain["tokens"] / medians["without_forced"],
+                              "with_forced": forced["tokens"] / medians["with_forced"]},
         "speedup_with_forced": medians["without_forced"] / medians["with_forced"],
     }
-    return (*first, timing)
+    return plain_outputs, plain, forced_outputs, forced, timing
 
 
 def main() -> None:

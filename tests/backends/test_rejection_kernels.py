@@ -116,22 +116,22 @@ def test_recover_matches_reference(backend, case, accepted_from):
         starts = torch.cat([torch.zeros(1, dtype=torch.int64), cu[:-1].long()])
         row_lse = lse[starts.clamp(max=max(lse.numel() - 1, 0))] if lse.numel() else row_lse
     b, vocab = cu.numel(), logits.shape[-1]
-    given = None  # what the backend takes where it differs from the noise itself
+    seeds = None  # what the backend takes instead of the noise (CUDA v2)
     if backend.recovery_noise == "uniform":
         noise = torch.rand(b, dtype=torch.float64, generator=g)
         expected_fn = R.rejection_recover_inverse_cdf_reference
     elif backend.recovery_noise == NOISE_PHILOX:  # CUDA v2: a seed per request, the noise made in the kernel
         from logitgate.backends.triton.philox import philox_exponential_triton
 
-        given = torch.randint(0, PHILOX_SEED_HIGH, (b,), dtype=torch.int64, generator=g)
-        noise = philox_exponential_triton(given.to(backend.device), vocab).cpu()
+        seeds = torch.randint(0, PHILOX_SEED_HIGH, (b,), dtype=torch.int64, generator=g)
+        noise = philox_exponential_triton(seeds.to(backend.device), vocab).cpu()
         expected_fn = R.rejection_recover_exponential_reference
     else:
         noise = torch.empty(b, vocab).exponential_(generator=g)
         expected_fn = R.rejection_recover_exponential_reference
     needed, weights = R.recovery_weights_reference(cu, drafts, logits, temperature, probs, accepted, row_lse, active)
     expected = expected_fn(needed, weights, noise)
-    args = to_device((cu, drafts, logits, temperature, probs, accepted, row_lse, noise if given is None else given, active),
+    args = to_device((cu, drafts, logits, temperature, probs, accepted, row_lse, noise if seeds is None else seeds, active),
                      backend.device)
     got = backend.rejection_recover(*args).cpu()
     assert got.dtype == torch.int32 and got.shape == (b,)

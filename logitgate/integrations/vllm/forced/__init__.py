@@ -15,9 +15,8 @@ No server-wide speculative config is needed (scheduler.py, worker.py): steps wit
 vLLM's plain path, so min_p / logit_bias / custom logits processors are not refused. Under a
 user's drafter (`--speculative-config`), the drafter's tokens stand and the grammar's replace them
 where it fixes more tokens than the drafter proposed (scheduler.update_draft_token_ids_replacement);
-under a drafter
-that proposes from tokens alone (n-gram, suffix) the grammar's draft rows are verified over their
-allowed tokens beside the drafter's whole rows (sparse.py).
+under a drafter that proposes from tokens alone (n-gram, suffix) the grammar's draft rows are
+verified over their allowed tokens beside the drafter's whole rows (sparse.py).
 
 Rows left out of drafting (they decode one token per pass, as in vLLM): proposals.why_not_drafted.
 """
