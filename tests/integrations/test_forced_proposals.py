@@ -184,7 +184,7 @@ def _serve(manager, key, accepted_per_step, steps=2):
         if not proposals.accepts_enough(request):
             break
         request.__dict__[proposals.MARK] = ("xgrammar", 4)
-        proposals.count_verified(request, 4, accepted_per_step, proposals.schema_tallies(manager))
+        proposals.count_verified(request, 4, accepted_per_step, manager)
     return started
 
 
@@ -235,4 +235,4 @@ def test_the_engine_remembers_at_most_max_schemas(monkeypatch):
     tallies = proposals.SchemaTallies()
     for i in range(10):
         tallies.add(("json", str(i)), 4, 0)
-    assert len(tallies) == 3 and not tallies.starts_stopped(("json", "0"))
+    assert len(tallies) == 3 and not tallies.start_request(("json", "0"))

@@ -133,9 +133,10 @@ class SchemaTallies:
         while len(self._tallies) > MAX_SCHEMAS:
             self._tallies.popitem(last=False)
 
-    def starts_stopped(self, key: Any) -> bool:
-        """Whether a new request of `key` starts without proposing forced drafts (its schema's are
-        mostly rejected, and it is not that schema's turn to probe)."""
+    def start_request(self, key: Any) -> bool:
+        """Counts a new request of `key` (for the schema's turns to probe) and says whether it
+        starts without proposing forced drafts: its schema's are mostly rejected, and it is not
+        this request's turn to probe."""
         tally = self._tallies.get(key)
         if tally is None:
             return False
@@ -165,7 +166,7 @@ def _start(manager: Any, request: Any) -> None:
     """A request's first proposal: it starts stopped where its schema's forced drafts are mostly
     rejected (SchemaTallies), with a tally that says so (accepts_enough)."""
     key = _schema_key(request)
-    stopped = key is not None and schema_tallies(manager).starts_stopped(key)
+    stopped = key is not None and schema_tallies(manager).start_request(key)
     request.__dict__[TALLY] = [PROBATION, 0] if stopped else [0, 0]
     if stopped:
         metrics.add("forced_requests_stopped")
@@ -235,9 +236,10 @@ def propose(manager: Any, request: Any, drafts: int, encode: Any) -> list[int]:
     return tokens
 
 
-def count_verified(request: Any, num_drafts: int, num_accepted: int, schemas: SchemaTallies | None = None) -> None:
+def count_verified(request: Any, num_drafts: int, num_accepted: int, manager: Any = None) -> None:
     """The outcome of `request`'s forced drafts in the step that verified them: accepted drafts are
-    decode passes saved; counted for the request and, given `schemas`, for its schema."""
+    decode passes saved; counted for the request and, given its engine's structured-output
+    `manager`, for its schema (SchemaTallies)."""
     mark = request.__dict__.pop(MARK, None) if request is not None else None
     if mark is None or num_drafts <= 0:
         return
@@ -247,9 +249,9 @@ def count_verified(request: Any, num_drafts: int, num_accepted: int, schemas: Sc
     tally[1] += num_accepted
     if was_drafting and not accepts_enough(request):
         metrics.add("forced_requests_stopped")
-    key = _schema_key(request) if schemas is not None else None
+    key = _schema_key(request) if manager is not None else None
     if key is not None:
-        schemas.add(key, num_drafts, num_accepted)
+        schema_tallies(manager).add(key, num_drafts, num_accepted)
     backend = mark[0]
     metrics.add(f"forced_accepted_{backend}", num_accepted)
     metrics.add(f"forced_passes_saved_{backend}", num_accepted)

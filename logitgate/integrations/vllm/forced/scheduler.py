@@ -116,7 +116,7 @@ def make_spec_decoding_stats_replacement(original: Callable, name: str) -> Calla
     def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
                                  num_invalid_spec_tokens, request_id):
         proposals.count_verified(self.requests.get(request_id), num_draft_tokens, num_accepted_tokens,
-                                 proposals.schema_tallies(self.structured_output_manager))
+                                 self.structured_output_manager)
         if self.vllm_config.speculative_config is None:
             return spec_decoding_stats
         return original(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
