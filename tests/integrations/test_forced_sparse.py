@@ -6,6 +6,7 @@ rows only. (verify: tests/vllm_engine/test_forced_sparse_verify.py)"""
 from __future__ import annotations
 
 import dataclasses
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -194,6 +195,29 @@ def test_a_request_whose_parameters_need_vllms_processors_is_computed_whole():
                       SimpleNamespace(req_ids=["a", "b"]))
     assert plan.dense.tolist() == [True, False]
     assert len(plan.dense_logits) == 1 and torch.isinf(plan.dense_logits[0, [0, 1, 2, 4]]).all()
+
+
+def test_the_dense_rows_are_masked_through_vllms_binding_of_xgrammar(monkeypatch):
+    """The call vLLM's apply_grammar_bitmask makes (logitgate's kernel where `bitmask` patched the
+    binding), not xgrammar's own CPU kernel."""
+    import xgrammar
+
+    calls = []
+
+    def apply(logits, bitmask, **kwargs):
+        calls.append(len(logits))
+        xgrammar.apply_token_bitmask_inplace(logits, bitmask, **kwargs)
+
+    utils = SimpleNamespace(xgr=SimpleNamespace(apply_token_bitmask_inplace=apply))  # as vLLM's, patched
+    monkeypatch.setitem(sys.modules, "vllm.v1.structured_output.utils", utils)
+    vocab, model = 40, _Model(40, 8, 2)
+    plan, logits, hidden = _plan(model, [2])
+    plan.eligible = np.array([False])
+    sparse.take_masks(plan, logits, SimpleNamespace(scheduled_spec_decode_tokens={"a": [1, 1]}),
+                      _GrammarOutput(["a"], _bitmask([np.array([3]), np.array([4, 5]), None], vocab)),
+                      SimpleNamespace(req_ids=["a"]))
+    assert calls == [2]
+    assert torch.isfinite(plan.dense_logits[0]).sum() == 1 and torch.isfinite(plan.dense_logits[1]).sum() == 2
 
 
 def test_a_head_that_is_not_the_logits_is_found_once_and_left_whole():
