@@ -191,13 +191,14 @@ def run_child(python: str, path: Path | str, with_logitgate: bool, repeats: int,
     return result
 
 
-def json_benchmark(python: str, rounds: int, repeats: int, models: list[str]) -> dict:
-    """The offline engines (`LLM`), in-process and in vLLM's default layout, for each model: every
+def json_benchmark(python: str, rounds: int, repeats: int, models: list[str],
+                   layouts: tuple[str, ...] = OFFLINE_LAYOUTS) -> dict:
+    """The offline engines (`LLM`), in-process and/or in vLLM's default layout, for each model: every
     case with vs without logitgate, interleaved engines, medians over all timed rounds."""
     rows, checks = [], {}
     for model in models:
         path = served_model(model)
-        for layout in OFFLINE_LAYOUTS:
+        for layout in layouts:
             runs: dict[bool, list[dict]] = {True: [], False: []}
             for _ in range(rounds):
                 for with_logitgate in (True, False):
@@ -584,6 +585,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=2, help="engines per configuration (interleaved)")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per mode inside each engine")
     parser.add_argument("--layout", choices=OFFLINE_LAYOUTS, default="in-process", help=argparse.SUPPRESS)
+    parser.add_argument("--layouts", default=",".join(OFFLINE_LAYOUTS),
+                        help=f"json: comma list of the offline layouts to run, from {', '.join(OFFLINE_LAYOUTS)} (default: both)")
     parser.add_argument("--python", default=envs.read("LOGITGATE_VLLM_PYTHON") or sys.executable,
                         help="interpreter with a real vLLM engine (default: LOGITGATE_VLLM_PYTHON or this one)")
     parser.add_argument("--forced-drafts", type=int, default=None, metavar="N",
@@ -598,6 +601,9 @@ def main(argv: list[str] | None = None) -> dict:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if set(models) - set(SERVED_MODELS) or set(backends) - set(SERVED_BACKENDS) or not models or not backends:
         parser.error(f"--models from {', '.join(SERVED_MODELS)}; --backends from {', '.join(SERVED_BACKENDS)}")
+    layouts = tuple(layout.strip() for layout in args.layouts.split(",") if layout.strip())
+    if not layouts or set(layouts) - set(OFFLINE_LAYOUTS):
+        parser.error(f"--layouts {args.layouts!r}: a comma list from {', '.join(OFFLINE_LAYOUTS)}")
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.repeats, args.layout)), flush=True)
         return {}
@@ -624,7 +630,7 @@ def main(argv: list[str] | None = None) -> dict:
         result.update(served)
         result["rows"] = result["rows"] + served.get("served_rows", [])
     if args.only in ("all", "json"):
-        offline = json_benchmark(args.python, rounds, repeats, models)
+        offline = json_benchmark(args.python, rounds, repeats, models, layouts)
         result["offline_checks"] = offline["checks"]
         result["rows"] = result["rows"] + offline["rows"]
     if args.only in ("all", "tree-spec"):
