@@ -220,6 +220,19 @@ def test_the_dense_rows_are_masked_through_vllms_binding_of_xgrammar(monkeypatch
     assert torch.isfinite(plan.dense_logits[0]).sum() == 1 and torch.isfinite(plan.dense_logits[1]).sum() == 2
 
 
+def test_without_vllms_module_the_mask_is_xgrammars_own(monkeypatch):
+    """apply_mask_as_vllm (the dense rows' and sample_first's mask) outside an engine: xgrammar's
+    kernel, the rows named by `indices` masked and the others untouched."""
+    from logitgate.integrations.vllm.kernel_replacements import apply_mask_as_vllm
+
+    monkeypatch.delitem(sys.modules, "vllm.v1.structured_output.utils", raising=False)
+    logits = torch.zeros(3, 40)
+    bitmask = torch.from_numpy(_bitmask([np.array([3]), np.array([4, 5]), np.array([6])], 40).astype(np.int32))
+    apply_mask_as_vllm(logits, bitmask, indices=[0, 2])
+    assert torch.isfinite(logits).sum(dim=1).tolist() == [1, 40, 1]
+    assert logits[0, 3] == 0 and logits[2, 6] == 0
+
+
 def test_a_head_that_is_not_the_logits_is_found_once_and_left_whole():
     model = _Model(50, 8, 3, bias=True)  # compute_logits adds a bias the head matrix lacks
     plan, logits, hidden = _plan(model, [1])

@@ -54,6 +54,7 @@ import torch
 
 from .... import envs as _envs
 from .. import metrics
+from ..kernel_replacements import apply_mask_as_vllm
 from .fill import row_layout
 
 __all__ = ["MAX_ALLOWED", "SPARSE_ENV", "Plan", "enabled", "plan_for", "take_masks", "track", "verify"]
@@ -276,18 +277,6 @@ def _dense_requests(plan: Plan, narrow: np.ndarray) -> np.ndarray:
     return dense
 
 
-def _xgrammar() -> Any:
-    """vLLM's binding of xgrammar, as its apply_grammar_bitmask calls it (logitgate's kernel where
-    `bitmask` patched it: xgrammar's CPU kernel is 6-12x slower); xgrammar itself where vLLM's
-    module is not loaded (no engine)."""
-    utils = sys.modules.get("vllm.v1.structured_output.utils")
-    if utils is not None and hasattr(utils, "xgr"):
-        return utils.xgr
-    import xgrammar
-
-    return xgrammar
-
-
 def _dense_logits(plan: Plan, dense: np.ndarray, bitmask: np.ndarray | None, mask_rows: np.ndarray | None) -> None:
     """The dense requests' draft rows computed over the vocabulary by the model, each masked by its
     bitmask row where it has one (xgrammar's kernel, as vLLM's apply_grammar_bitmask)."""
@@ -301,7 +290,7 @@ def _dense_logits(plan: Plan, dense: np.ndarray, bitmask: np.ndarray | None, mas
         words = np.full((len(which), bitmask.shape[1]), -1, dtype=bitmask.dtype)  # all ones: no mask
         masked = mask_rows[which] >= 0
         words[masked] = bitmask[mask_rows[which[masked]]]
-        _xgrammar().apply_token_bitmask_inplace(logits, torch.from_numpy(words).to(logits.device))
+        apply_mask_as_vllm(logits, torch.from_numpy(words).to(logits.device))
     plan.dense_logits = logits
     metrics.add("forced_rows_whole", len(which))
     metrics.add("forced_logits_computed", len(which) * logits.shape[1])

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..kernel_replacements import apply_mask_as_vllm
 from ..patching import mark_replacement
 from . import min_tokens_pending, validates_as_its_mask
 from .layout import one_cpu_worker, runner_handles_deferred, runners
@@ -163,12 +164,10 @@ def sampler_sample_replacement(original: Callable, name: str) -> Callable:
 def _mask_rows(logits: torch.Tensor, rows: list[tuple[int, Any]], width: int) -> None:
     """Apply the bitmasks of `rows` ((logits row, grammar)) in place, with the apply function
     vLLM's structured-output utilities use (logitgate's when `bitmask` is on)."""
-    from vllm.v1.structured_output import utils
-
     indices = [row for row, _ in rows]
     packed = torch.full((logits.shape[0], width), -1, dtype=torch.int32)
     packed[indices] = fill_masks([grammar for _, grammar in rows], width)
-    utils.xgr.apply_token_bitmask_inplace(logits, packed.to(logits.device), indices=indices)
+    apply_mask_as_vllm(logits, packed.to(logits.device), indices=indices)
 
 
 def _resolve(deferred: dict, mirrors: GrammarMirrors | None, index: dict[str, int],
