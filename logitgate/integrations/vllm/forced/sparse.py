@@ -279,7 +279,7 @@ def _dense_requests(plan: Plan, narrow: np.ndarray) -> np.ndarray:
 
 def _dense_logits(plan: Plan, dense: np.ndarray, bitmask: np.ndarray | None, mask_rows: np.ndarray | None) -> None:
     """The dense requests' draft rows computed over the vocabulary by the model, each masked by its
-    bitmask row where it has one (xgrammar's kernel, as vLLM's apply_grammar_bitmask)."""
+    bitmask row where it has one (vLLM's binding of xgrammar, as its apply_grammar_bitmask)."""
     plan.dense = dense
     which = np.flatnonzero(dense[plan.row_requests])
     if len(which) == 0:
