@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -118,6 +119,19 @@ def test_the_periodic_line_shows_what_moved_in_the_interval_and_the_totals(fresh
     time.sleep(0.2)  # nothing moves: no more lines
     assert lines == ["logitgate counters, last 0.05 s (total): scheduler fill batches +2 (2)"]
 
+
+
+def test_a_logger_whose_counts_were_replaced_while_it_slept_says_nothing(fresh, monkeypatch, logged):
+    # New counts (a test's, a forked child's) must not hear the old ones' line: CI once saw an
+    # earlier test's 10 s line land in the test above.
+    monkeypatch.setattr(metrics, "log_interval", lambda: 0.2)
+    lines = logged()
+    before = set(threading.enumerate())
+    metrics.add("scheduler_fill_batches", 2)  # starts these counts' logger, which sleeps 0.2 s
+    [logger_thread] = [t for t in set(threading.enumerate()) - before if t.name == "logitgate-metrics-log"]
+    monkeypatch.setattr(metrics, "_counts", metrics._Counts())
+    logger_thread.join(5)
+    assert not logger_thread.is_alive() and lines == []
 
 # A vLLM server in miniature: this process registers the plugin's metrics (the API server, or the
 # LLM program), then vLLM starts its engine core and worker from it (spawned or forked), which count.

@@ -282,8 +282,10 @@ def log_line(now: dict[str, float], before: dict[str, float], seconds: float) ->
 def _log_periodically(counts: _Counts) -> None:
     interval = log_interval()
     before = dict.fromkeys(COUNTERS, 0.0)
-    while counts is _counts:  # replaced in a forked child (where this thread does not run) and by tests
+    while True:
         time.sleep(interval)
+        if counts is not _counts:  # replaced (a forked child, where this thread does not run; tests) while it slept
+            return
         with counts.lock:
             now = dict(counts.values)
         if now != before:
