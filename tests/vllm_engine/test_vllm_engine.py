@@ -23,6 +23,7 @@ import pytest
 from logitgate.bench.harness import package_env
 from logitgate.bench.served_server import SERVER_TIMEOUT_S, free_port, stop, wait_healthy
 from tests.helpers.server_helpers import post
+from tests.helpers.stat_helpers import chisquare_pvalue
 from tests.helpers.tree_reference import is_complete_path
 from tests.helpers.vllm_runtime import needs_vllm_cpu
 
@@ -116,7 +117,6 @@ def exact_tree_distribution(tree, prompt: list[int]) -> dict[tuple, float]:
 
 def assert_follows(samples: list[list[int]], exact: dict[tuple, float]) -> None:
     """Chi-square goodness of fit (alpha 1e-6); paths expected fewer than 5 times share one bin."""
-    from scipy import stats
 
     counts = dict.fromkeys(exact, 0)
     for tokens in samples:
@@ -129,7 +129,7 @@ def assert_follows(samples: list[list[int]], exact: dict[tuple, float]) -> None:
     if expected[-1] < 1e-9:
         observed, expected = observed[:-1], expected[:-1]
     assert len(big) >= 5, "the test prompt's distribution is too peaked to test"
-    assert stats.chisquare(observed, expected).pvalue > 1e-6, list(zip(observed, expected))
+    assert chisquare_pvalue(observed, expected) > 1e-6, list(zip(observed, expected))
 
 
 def check_tree_outputs(tree, per_prompt):
