@@ -12,13 +12,15 @@ PINS := requirements/tested-pins.txt
 # The vLLM integration is tested against vLLM's real interface classes. vLLM's declared
 # dependencies pull a CUDA torch and GPU kernels, so vllm and exactly the pure-Python packages its
 # interface modules import are installed one by one with --no-deps (none of them needs torch), at
-# the versions tested here. About 340 MB of downloads (30-45 s here). `make test VLLM_SPEC=` skips it.
+# the versions tested here (fastapi, starlette, opentelemetry-api and partial-json-parser: what its
+# StructuredOutputManager imports, so its grammar_bitmask's layout is tested here). About 340 MB of downloads (30-45 s here). `make test VLLM_SPEC=` skips it.
 VLLM_SPEC ?= vllm==0.33.0
 VLLM_DEPS := aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 annotated-types==0.8.0 \
 	attrs==26.1.0 cachetools==8.0.1 cbor2==6.2.1 certifi==2026.10.18 charset-normalizer==3.5.2 \
-	cloudpickle==3.1.2 frozenlist==1.8.0 idna==3.20 msgspec==0.22.0 multidict==7.2.1 openai==3.54.0 \
-	openai-harmony==0.0.8 prometheus-client==0.26.0 propcache==0.5.4 psutil==7.2.2 py-cpuinfo==9.0.0 pybase64==1.5.1 \
-	pydantic==2.14.3 pydantic-core==2.50.4 pyzmq==27.3.0 requests==2.34.2 sniffio==1.3.1 \
+	cloudpickle==3.1.2 fastapi==0.165.0 frozenlist==1.8.0 idna==3.20 msgspec==0.22.0 multidict==7.2.1 openai==3.54.0 \
+	openai-harmony==0.0.8 opentelemetry-api==1.45.3 partial-json-parser==0.2.1.1.post7 prometheus-client==0.26.0 \
+	propcache==0.5.4 psutil==7.2.2 py-cpuinfo==9.0.0 pybase64==1.5.1 \
+	pydantic==2.14.3 pydantic-core==2.50.4 pyzmq==27.3.0 requests==2.34.2 sniffio==1.3.1 starlette==1.10.0 \
 	typing-extensions==4.16.0 typing-inspection==0.4.5 urllib3==2.8.0 uvloop==0.23.0 yarl==1.25.1 \
 	zmq==0.0.0
 # Named after the list, so a venv installed from an older list gets the new packages.

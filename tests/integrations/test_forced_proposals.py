@@ -104,6 +104,9 @@ def test_the_stop_token_is_proposed_and_a_grammar_ending_at_free_states_is_fille
 ])
 def test_no_forced_tokens_where_the_worker_writes_the_drafters(monkeypatch, speculative, async_scheduling, proposed):
     monkeypatch.setattr(proposals, "forced_for", lambda *args, **kwargs: [7, 8])
+    # vLLM 0.32's bitmask layout (a row per draft without a speculative config); under 0.33's blocks
+    # there are none without one: tests/integrations/test_vllm_bitmask_blocks.py
+    monkeypatch.setattr(proposals.fill, "fixed_blocks", lambda original=None: False)
     monkeypatch.setattr(proposals, "last_token_rule", lambda *args: "keep")
     config = SimpleNamespace(speculative_config=speculative and SimpleNamespace(method=speculative),
                              scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from types import SimpleNamespace
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -64,9 +65,18 @@ class _GrammarOutput:  # vLLM's GrammarOutput's fields
     num_acceptable_drafts: list | None = None
 
 
-def _batch(draws, vocab, rng, narrow):
+@pytest.fixture(autouse=True)
+def rows_one_after_another(monkeypatch):
+    """vLLM 0.32's bitmask layout (the engine's; the interface installed here may be 0.33's, which
+    lays a block per request: test_each_draft_rows_table_is_its_masked_whole_row draws both)."""
+    monkeypatch.setattr(sparse, "fixed_blocks", lambda: False)
+
+
+def _batch(draws, vocab, rng, narrow, blocks=False):
     """Requests with `draws` drafts each (a request with drafts is structured), some without a
-    grammar: (scheduler output, grammar output, input batch, masks per structured request)."""
+    grammar: (scheduler output, grammar output, input batch, masks per structured request). With
+    `blocks`, vLLM 0.33's layout: each request's rows head a block of 1 + max(draws) rows, the rest
+    rows vLLM leaves unread (here: masks allowing token 0 alone, which no check expects)."""
     req_ids = [f"r{i}" for i in range(len(draws))]
     spec = {rid: [1] * n for rid, n in zip(req_ids, draws) if n}
     structured = [rid for rid, n in zip(req_ids, draws) if n or rng.random() < 0.7]
@@ -84,6 +94,8 @@ def _batch(draws, vocab, rng, narrow):
                 rows.append(np.unique(rng.integers(0, vocab, size=vocab // 2)))
         per_request[rid] = rows
         masks += rows
+        if blocks:
+            masks += [np.array([0])] * (1 + max(draws) - len(rows))
     return (SimpleNamespace(scheduled_spec_decode_tokens=spec), _GrammarOutput(structured, _bitmask(masks, vocab)),
             SimpleNamespace(req_ids=req_ids), per_request)
 
@@ -105,16 +117,18 @@ def _plan(model, draws, hidden_rows=None, seed=0):
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(0, 4), min_size=1, max_size=6), st.integers(33, 200), st.integers(0, 2**31 - 1),
-       st.sampled_from([(1.0, None), (0.5, None), (1.0, 3.0)]), st.sampled_from([0.5, 0.9]))
-def test_each_draft_rows_table_is_its_masked_whole_row(draws, vocab, seed, tail, narrow):
+       st.sampled_from([(1.0, None), (0.5, None), (1.0, 3.0)]), st.sampled_from([0.5, 0.9]), st.booleans())
+def test_each_draft_rows_table_is_its_masked_whole_row(draws, vocab, seed, tail, narrow, blocks):
     rng = np.random.default_rng(seed)
     model = _Model(vocab, 8, seed, *tail)
-    scheduler_output, grammar_output, input_batch, per_request = _batch(draws, vocab, rng, narrow)
+    scheduler_output, grammar_output, input_batch, per_request = _batch(draws, vocab, rng, narrow, blocks)
     plan, logits, hidden = _plan(model, draws, seed=seed)
     assert sparse.plan_of(logits) is plan
     logits = torch.zeros(len(draws), vocab)
     sparse.track(plan, logits, hidden, torch.arange(len(hidden)))
-    bonus_scheduler_output, bonus_output = sparse.take_masks(plan, logits, scheduler_output, grammar_output, input_batch)
+    with mock.patch.object(sparse, "fixed_blocks", lambda: blocks):  # the layout this vLLM writes
+        bonus_scheduler_output, bonus_output = sparse.take_masks(plan, logits, scheduler_output, grammar_output,
+                                                                 input_batch)
     whole = model.compute_logits(hidden)
     first = np.concatenate([[0], np.cumsum(draws)])
     dense_row = 0

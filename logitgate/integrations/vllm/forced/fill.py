@@ -24,6 +24,7 @@ llguidance's fills release the GIL.
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -31,8 +32,9 @@ from typing import Any
 import numpy as np
 
 from ....cores import usable_cores
+from ..patching import is_replacement, unwrapped
 
-__all__ = ["fill_drafted", "grammar_bitmask", "new_bitmask", "row_layout"]
+__all__ = ["fill_drafted", "filled_rows", "fixed_blocks", "grammar_bitmask", "mask_stride", "new_bitmask", "row_layout"]
 
 _SHARD_BITMASKS = "_logitgate_shard_bitmasks"  # one bitmask per shard, grown as batches need
 
@@ -82,34 +84,87 @@ def _fill_shard(original: Callable, manager: Any, bitmask: Any, requests: Any, i
     return original(shard, requests, ids, spec)
 
 
+@functools.cache
+def fixed_blocks(original: Callable | None = None) -> bool:
+    """Whether this vLLM's StructuredOutputManager.grammar_bitmask (`original`, else vLLM's own)
+    gives each request a block of a fixed number of rows (vLLM 0.33: num_speculative_tokens + 1,
+    its drafts' rows first, the rest unused) rather than its rows alone, one after the other
+    (vLLM 0.32). Read from the function's local names (no source needed): 0.33's has `mask_stride`."""
+    if original is None:
+        try:
+            from vllm.v1.structured_output import StructuredOutputManager
+        except ImportError:  # no engine here to lay rows (vLLM's interface alone)
+            return False
+        original = StructuredOutputManager.grammar_bitmask
+    while is_replacement(original):  # (logitgate's replacement of it is not vLLM's code)
+        original = unwrapped(original)
+    code = getattr(original, "__code__", None)
+    return code is not None and "mask_stride" in code.co_varnames
+
+
+def mask_stride(original: Callable, config: Any) -> int | None:
+    """Rows per request block in the bitmask `original` fills under `config` (as vLLM computes
+    it), or None where its rows are laid one request after another (fixed_blocks)."""
+    if not fixed_blocks(original):
+        return None
+    diffusion = bool(getattr(getattr(config, "model_config", None), "is_diffusion", False))
+    return int(config.num_speculative_tokens or 0) + (0 if diffusion else 1)
+
+
 def fill_drafted(original: Callable, manager: Any, requests: Any, ids: list[str], spec: dict) -> np.ndarray:
     """vLLM's draft-aware fill (`original`, StructuredOutputManager.grammar_bitmask) of `ids` with
     drafts `spec`: the rows vLLM's one serial call returns, computed on shards in parallel where
-    vLLM would fill a batch of this size in parallel."""
+    vLLM would fill a batch of this size in parallel. Each shard's bitmask holds its requests' rows
+    in vLLM's layout (a fixed block each where vLLM lays them so: mask_stride); shards are balanced
+    by the rows actually filled."""
     rows = [1 + len(spec.get(req_id, ())) for req_id in ids]
+    stride = mask_stride(original, manager.vllm_config)
+    if stride is not None and max(rows, default=0) > stride:
+        raise ValueError(f"a request has {max(rows) - 1} drafts, more than this vLLM's bitmask holds per request "
+                         f"({stride - 1}: num_speculative_tokens)")
+
+    def size(shard_ids: list[str], shard_rows: int) -> int:
+        return shard_rows if stride is None else len(shard_ids) * stride
+
     pool = getattr(manager, "executor_for_fillmask", None)  # vLLM's, or fill_ahead's (one thread per core)
     workers = usable_cores() if pool is not None else 1
     if len(ids) <= manager.fill_bitmask_parallel_threshold or workers < 2 or len(ids) < 2:
-        return _fill_shard(original, manager, _shard_bitmask(manager, 0, sum(rows)), requests, ids, spec).copy()
+        bitmask = _shard_bitmask(manager, 0, size(ids, sum(rows)))
+        return _fill_shard(original, manager, bitmask, requests, ids, spec).copy()
     shards = _shards(ids, rows, min(workers, len(ids)))
-    bitmasks = [_shard_bitmask(manager, index, shard_rows) for index, (_, shard_rows) in enumerate(shards)]
+    bitmasks = [_shard_bitmask(manager, index, size(*shard)) for index, shard in enumerate(shards)]
     futures = [pool.submit(_fill_shard, original, manager, bitmask, requests, shard_ids, spec)
                for bitmask, (shard_ids, _) in zip(bitmasks, shards)]
     return np.concatenate([future.result() for future in futures])  # copies: the shards' buffers are reused
 
 
-def row_layout(ids: list[str], drafted: dict) -> tuple[int, Callable[[list[str], set], list[int]]]:
+def row_layout(ids: list[str], drafted: dict,
+               stride: int | None = None) -> tuple[int, Callable[[list[str], set], list[int]]]:
     """vLLM's layout of a batch's bitmask (per request in batch order: a row per draft, then the
-    bonus row): the row count, and `rows_of(subset, without_bonus)`, the rows of `subset`'s
-    requests in batch order (their bonus rows left out for the requests in `without_bonus`)."""
-    ends = np.cumsum([1 + len(drafted.get(req_id, ())) for req_id in ids]).tolist()
+    bonus row; in a block of `stride` rows each where vLLM lays them so, mask_stride): the row
+    count, and `rows_of(subset, without_bonus)`, the rows of `subset`'s requests in batch order
+    (their bonus rows left out for the requests in `without_bonus`)."""
+    if stride is None:
+        ends = np.cumsum([1 + len(drafted.get(req_id, ())) for req_id in ids]).tolist()
+    else:
+        ends = [i * stride + 1 + len(drafted.get(req_id, ())) for i, req_id in enumerate(ids)]
     end_of = dict(zip(ids, ends))
 
     def rows_of(subset: list[str], without_bonus: set = frozenset()) -> list[int]:
         return [row for req_id in subset for row in range(end_of[req_id] - 1 - len(drafted.get(req_id, ())),
                                                           end_of[req_id] - (req_id in without_bonus))]
 
+    if stride is not None:
+        return len(ids) * stride, rows_of
     return (ends[-1] if ends else 0), rows_of
+
+
+def filled_rows(filled: np.ndarray, ids: list[str], spec: dict, stride: int | None) -> np.ndarray:
+    """The rows of `filled` (a fill of `ids` with drafts `spec` in vLLM's layout) that hold a mask,
+    in order: all of them, or, in blocks of `stride` rows, the used head of each block."""
+    if stride is None:
+        return filled
+    return filled[row_layout(ids, spec, stride)[1](ids)]
 
 
 def grammar_bitmask(original: Callable, manager: Any, requests: Any, ids: list[str], drafted: dict,
@@ -121,10 +176,12 @@ def grammar_bitmask(original: Callable, manager: Any, requests: Any, ids: list[s
         return fill_plain(ids)
     if len(with_drafts) == len(ids):
         return fill_drafted(original, manager, requests, ids, drafted)
-    total, rows_of = row_layout(ids, drafted)
+    stride = mask_stride(original, manager.vllm_config)
+    total, rows_of = row_layout(ids, drafted, stride)
     plain = [req_id for req_id in ids if not drafted.get(req_id)]
     filled_plain = fill_plain(plain)
-    bitmask = np.empty((total, filled_plain.shape[1]), dtype=filled_plain.dtype)
-    bitmask[rows_of(plain)] = filled_plain
-    bitmask[rows_of(with_drafts)] = fill_drafted(original, manager, requests, with_drafts, drafted)
+    bitmask = np.full((total, filled_plain.shape[1]), -1, dtype=filled_plain.dtype)  # (a block's unused rows: all-ones)
+    bitmask[rows_of(plain)] = filled_rows(filled_plain, plain, {}, stride)
+    drafted_rows = fill_drafted(original, manager, requests, with_drafts, drafted)
+    bitmask[rows_of(with_drafts)] = filled_rows(drafted_rows, with_drafts, drafted, stride)
     return bitmask

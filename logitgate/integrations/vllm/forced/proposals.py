@@ -9,16 +9,28 @@ proposed for the acceptance counters.
 """
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from typing import Any
 
 from .. import metrics
 from ..sample_first.protocol import BONUS_FREE
+from . import fill
 
 __all__ = ["BACKENDS", "SchemaTallies", "accepts_enough", "backend_of", "drafter_writes_drafts", "forced_for", "propose",
            "schema_tallies", "why_not_drafted"]
 
 BACKENDS = ("xgrammar", "guidance", "tree")
+logger = logging.getLogger("vllm.logitgate.forced")
+_logged: set[str] = set()
+
+
+def _log_once(key: str, message: str) -> None:
+    if key not in _logged:
+        _logged.add(key)
+        logger.info("%s", message)
+
+
 MARK = "_logitgate_forced"  # on vLLM's Request: (backend, tokens) of the drafts proposed last
 # On vLLM's SchedulerOutput under a user's drafter: the ids of the requests whose drafts are the
 # grammar's forced tokens (the runner plans a table for those only; the drafter's rows stay whole).
@@ -222,6 +234,11 @@ def propose(manager: Any, request: Any, drafts: int, encode: Any) -> list[int]:
     if backend is None:
         return []
     config = manager.vllm_config
+    if config.speculative_config is None and fill.fixed_blocks():
+        _log_once("blocks", "logitgate forced drafts: off in this engine (this vLLM gives each request a fixed "
+                  "block of num_speculative_tokens + 1 bitmask rows, one without a speculative config: no room "
+                  "for draft rows); they run under a --speculative-config")
+        return []
     limit = _limit(request, drafts, config.model_config.max_model_len, config.num_speculative_tokens)
     if limit <= 0:
         return []

@@ -55,7 +55,7 @@ import torch
 from .... import envs as _envs
 from .. import metrics
 from ..kernel_replacements import apply_mask_as_vllm
-from .fill import row_layout
+from .fill import fixed_blocks, row_layout
 
 __all__ = ["MAX_ALLOWED", "SPARSE_ENV", "Plan", "enabled", "plan_for", "take_masks", "track", "verify"]
 
@@ -185,7 +185,9 @@ def _draft_mask_rows(plan: Plan, scheduler_output: Any, grammar_output: Any, inp
     bonus row in it, in grammar_output's order), in vLLM's layout of that bitmask (fill.row_layout)."""
     spec = scheduler_output.scheduled_spec_decode_tokens
     ids = grammar_output.structured_output_request_ids
-    _, rows_of = row_layout(ids, spec)
+    # (where vLLM lays each request in a block of fixed size, it reads that size off the bitmask: so do we)
+    stride = len(grammar_output.grammar_bitmask) // len(ids) if ids and fixed_blocks() else None
+    _, rows_of = row_layout(ids, spec, stride)
     first_draft = np.concatenate([[0], np.cumsum(plan.num_drafts)])
     index = {req_id: i for i, req_id in enumerate(input_batch.req_ids)}
     mask_rows = np.full(int(first_draft[-1]), -1, dtype=np.int64)

@@ -203,15 +203,18 @@ def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
         # (that fill's own bonus row is the mask of the last draft). Only the rows of requests without
         # drafts are timed for the policy, whose fill cost is a free row's: a drafted request's filled
         # rows are forced states (microseconds), and would make every fill look cheap.
-        total, rows_of = fill.row_layout(structured_output_request_ids, drafted)
+        stride = fill.mask_stride(original, self.vllm_config)
+        total, rows_of = fill.row_layout(structured_output_request_ids, drafted, stride)
         bitmask = np.full((total, _width(self, state)), -1, dtype=np.int32)
         plain = [req_id for req_id in structured_output_request_ids if req_id not in deferred and not drafted.get(req_id)]
         if plain:
-            bitmask[rows_of(plain)] = _timed_fill(original, self, state, requests, plain, {})
+            filled = _timed_fill(original, self, state, requests, plain, {})
+            bitmask[rows_of(plain)] = fill.filled_rows(filled, plain, {}, stride)
         with_drafts = [req_id for req_id in structured_output_request_ids if drafted.get(req_id)]
         if with_drafts:
             spec = {req_id: drafted[req_id][:-1] if req_id in deferred else drafted[req_id] for req_id in with_drafts}
-            bitmask[rows_of(with_drafts, set(deferred))] = fill.fill_drafted(original, self, requests, with_drafts, spec)
+            filled = fill.fill_drafted(original, self, requests, with_drafts, spec)
+            bitmask[rows_of(with_drafts, set(deferred))] = fill.filled_rows(filled, with_drafts, spec, stride)
         metrics.add("sample_first_rows_deferred", len(deferred))
         metrics.add("sample_first_bonus_rows_deferred", sum(1 for req_id in deferred if drafted.get(req_id)))
         grammar_bitmask.routed_calls += len(deferred)
