@@ -82,24 +82,17 @@ def greedy(path: str, backend: str, in_process: bool = True) -> dict:
     return out
 
 
-def chi2(path: str, backend: str, in_process: bool = True, **engine_args) -> dict:
+def chi2(path: str, backend: str, in_process: bool = True) -> dict:
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    llm = _engine(path, backend, in_process, max_num_seqs=64, **engine_args)
+    llm = _engine(path, backend, in_process, max_num_seqs=64)
     params = SamplingParams(max_tokens=16, temperature=1.0, structured_outputs=StructuredOutputsParams(choice=CHOICES))
     prompt = _prompts(llm, 1)[0]
     outputs = llm.generate([prompt] * CHI2_SAMPLES, params, use_tqdm=False)
     counts = Counter(json.dumps(list(o.outputs[0].token_ids)) for o in outputs)
     texts = Counter(o.outputs[0].text for o in outputs)
     return {"counts": dict(counts), "texts": dict(texts), "routed_calls": routed_calls(), "metrics": logitgate_metrics()}
-
-
-def chi2_drafter(path: str, backend: str, in_process: bool = True) -> dict:
-    """chi2 under a user's n-gram drafter (3 tokens a step)."""
-    from logitgate.bench.vllm_engines import NGRAM_SPECULATIVE_CONFIG
-
-    return chi2(path, backend, in_process, speculative_config=dict(NGRAM_SPECULATIVE_CONFIG))
 
 
 def drafter(path: str, backend: str, in_process: bool = True) -> dict:
@@ -127,11 +120,9 @@ def drafter(path: str, backend: str, in_process: bool = True) -> dict:
     return out
 
 
-def run_forced_scenario(scenario: str, with_logitgate: bool, model: str, backend: str, in_process: bool = True,
-                        drafts: str = DRAFTS) -> dict:
-    """A scenario in a fresh engine process: with the plugin and forced drafts on (`drafts` a step;
-    "0": the plugin's default, forced drafts off), or vLLM alone."""
-    overrides = {"LOGITGATE_VLLM_FORCED_DRAFTS": drafts,
+def run_forced_scenario(scenario: str, with_logitgate: bool, model: str, backend: str, in_process: bool = True) -> dict:
+    """A scenario in a fresh engine process: with the plugin and forced drafts on, or vLLM alone."""
+    overrides = {"LOGITGATE_VLLM_FORCED_DRAFTS": DRAFTS,
                  "LOGITGATE_VLLM_OPS": "bitmask,sampler,rejection,fill,sample_first,tree,forced"} if with_logitgate else {}
     cmd = [sys.executable, "-m", "tests.helpers.forced_engine", scenario, model, backend, "1" if in_process else "0"]
     result, _ = run_result(cmd, package_env(engine_env(with_logitgate, overrides)), f"forced scenario {scenario} ({backend})")
@@ -140,6 +131,5 @@ def run_forced_scenario(scenario: str, with_logitgate: bool, model: str, backend
 
 if __name__ == "__main__":
     scenario, model, backend, in_process = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
-    result = {"greedy": greedy, "chi2": chi2, "chi2_drafter": chi2_drafter,
-              "drafter": drafter}[scenario](model, backend, in_process)
+    result = {"greedy": greedy, "chi2": chi2, "drafter": drafter}[scenario](model, backend, in_process)
     print("RESULT " + json.dumps(result), flush=True)

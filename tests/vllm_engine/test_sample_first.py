@@ -451,7 +451,7 @@ def test_which_sampling_parameters_sample_first(kwargs, defers):
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}}, "required": ["name"]}
 
 
-def real_config(device="cpu", world_size=1, num_spec=0, drafter=None):
+def real_config(device="cpu", world_size=1, num_spec=0):
     return SimpleNamespace(
         parallel_config=SimpleNamespace(distributed_executor_backend="mp", world_size=world_size),
         scheduler_config=SimpleNamespace(max_num_seqs=8, async_scheduling=False),
@@ -460,7 +460,7 @@ def real_config(device="cpu", world_size=1, num_spec=0, drafter=None):
         structured_outputs_config=SimpleNamespace(enable_in_reasoning=False, reasoning_parser="", reasoning_parser_plugin="",
                                                   disable_any_whitespace=True, disable_additional_properties=False),
         device_config=SimpleNamespace(device_type=device),
-        speculative_config=SimpleNamespace(method=drafter, num_speculative_tokens=num_spec) if drafter else None,
+        speculative_config=None,
         num_speculative_tokens=num_spec,
     )
 
@@ -695,9 +695,7 @@ def test_tree_rows_are_filled_first(tokenizer):
 
 @pytest.mark.parametrize("change, reason", [({"device": "cuda"}, "the device is cuda, not the CPU"),
                                             ({"world_size": 2}, "world size 2"),
-                                            ({"num_spec": 2}, "speculative decoding"),
-                                            ({"num_spec": 2, "drafter": "eagle3"},
-                                             "speculative decoding with the eagle3 drafter")])
+                                            ({"num_spec": 2}, "speculative decoding")])
 def test_no_deferral_off_the_cpu_across_processes_or_with_drafts(tokenizer, change, reason, caplog):
     """Off, and the engine's log says so once, with the reason."""
     scheduler = Scheduler("xgrammar", **change)
@@ -710,33 +708,6 @@ def test_no_deferral_off_the_cpu_across_processes_or_with_drafts(tokenizer, chan
     off = [r.getMessage() for r in caplog.records if "sample_first: off in this engine" in r.getMessage()]
     assert len(off) == 1 and reason in off[0], off
     del runner
-
-
-@pytest.mark.parametrize("drafter", ["ngram", "suffix"])
-def test_beside_a_token_drafter_the_rows_of_requests_without_drafts_are_deferred(tokenizer, drafter, caplog):
-    """A drafter that proposes from tokens leaves some requests without drafts in a step: their one
-    row samples first; the drafted request's rows (its draft's and its bonus row) are vLLM's fill."""
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    from logitgate.integrations.vllm.sample_first import layout
-
-    scheduler = Scheduler("xgrammar", num_spec=2, drafter=drafter)
-    scheduler.add("r0", prefix='{"name":"')  # inside a string: free
-    scheduler.add("r1", prefix='{"name":"')
-    runner = make_runner(torch.zeros(1, 8), [0.0])
-    runner.sample_tokens(None)  # a runner with both replacements samples in this process: "local"
-    draft = tokenizer.encode("Bo", add_special_tokens=False)[:1]
-    spec = {"r1": draft}
-    with caplog.at_level("INFO", logger="vllm.logitgate.sample_first"):
-        out = scheduler._fill(scheduler.manager, scheduler.requests, ["r0", "r1"], spec)
-    assert not [r for r in caplog.records if "sample_first: off in this engine" in r.getMessage()]
-    assert set(out.deferred) == {"r0"}
-    assert out.shape[0] == 3 and (np.asarray(out[0]) == -1).all()  # r0's row all-ones: sampled first
-    vllms = StructuredOutputManager.grammar_bitmask(scheduler.manager, scheduler.requests, ["r1"], spec)
-    np.testing.assert_array_equal(np.asarray(out[1:3]), vllms[:2])  # r1's draft row and bonus row: vLLM's
-    assert not (np.asarray(out[1:3]) == -1).all()
-    del runner
-    layout.runners.clear()
 
 
 def test_no_deferral_with_custom_logits_processors(tokenizer, caplog):

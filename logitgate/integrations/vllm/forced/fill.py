@@ -15,8 +15,8 @@ structured request of such a step would fill serially. Here:
 
 Called by the manager's grammar_bitmask replacement (sample_first/scheduler.py, installed with
 `sample_first`, the default everywhere; off the CPU it defers no row). Under a user's drafter vLLM
-fills every batch serially (its parallel path needs no speculative config): there every row the
-scheduler fills, drafted or not, goes to the shards. Where it is not installed
+fills every batch serially (its parallel path needs no speculative config): there the whole batch,
+drafted or not, goes to the shards. Where it is not installed
 (`LOGITGATE_VLLM_OPS` without sample_first), forced/scheduler.py turns vLLM's parallel fill off
 while drafts run, so vLLM's own serial path fills them. Requests' grammars are distinct objects, so shards never touch the same grammar; xgrammar's and
 llguidance's fills release the GIL.

@@ -55,7 +55,6 @@ import torch
 from .... import envs as _envs
 from .. import metrics
 from ..kernel_replacements import apply_mask_as_vllm
-from ..sample_first.layout import TOKEN_DRAFTERS
 from .fill import fixed_blocks, row_layout
 
 __all__ = ["MAX_ALLOWED", "SPARSE_ENV", "Plan", "enabled", "plan_for", "take_masks", "track", "verify"]
@@ -105,9 +104,9 @@ def _head_of(model: Any) -> _Head | None:
     return _Head(weight, float(getattr(processor, "scale", 1.0)), getattr(processor, "soft_cap", None))
 
 
-# (TOKEN_DRAFTERS: a user's drafters whose proposals come from tokens alone. They read no logits or
-# hidden-state rows of the target, which the plan leaves out of the forward; EAGLE, MTP, Medusa and
-# draft models do.)
+# A user's drafters whose proposals come from tokens alone: they read no logits or hidden-state rows
+# of the target, which the plan leaves out of the forward (EAGLE, MTP, Medusa and draft models do).
+TOKEN_DRAFTERS = ("ngram", "suffix")
 
 
 def plan_for(runner: Any) -> bool:

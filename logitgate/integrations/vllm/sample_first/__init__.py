@@ -68,21 +68,12 @@ failed. The scheduler defers a row to a mirror only after the worker reported it
 ever waits for a compile, and a mirror that failed never gets a row.
 
 A deferred row never reaches a sampler that does not check it. The manager defers only on the
-CPU, with world size 1 (one worker samples every row), without async scheduling, without a
-drafter other than one that proposes from tokens (layout.TOKEN_DRAFTERS: n-gram, suffix), without
-a reasoning parser across processes, and only where a runner in its own process has sampled
-through the worker-side replacements or the worker process has said it keeps mirrors. A worker
-that cannot vouch for a batch (a sampler that bypasses Sampler.sample, argmax-invariant logits
+CPU, with world size 1 (one worker samples every row), without speculative decoding or async
+scheduling, without a reasoning parser across processes, and only where a runner in its own
+process has sampled through the worker-side replacements or the worker process has said it keeps
+mirrors. A worker that cannot vouch for a batch (speculative decoding, argmax-invariant logits
 processors other than vLLM's min-p) fills every deferred row before sampling, from the same
-grammars, as vLLM would.
-
-Under a user's n-gram or suffix drafter, a step's requests the drafter found nothing for have one
-row each, deferred as in a batch without drafts: the rejection path draws their token as the bonus
-token of a request with no drafts (vLLM's sampler over the bonus rows), which the worker checks and
-settles as above. The drafter's draft rows, and the bonus row after them, are filled by the
-scheduler (on forced/fill.py's shards) and verified as vLLM verifies them. A drafter that reads the
-model (EAGLE, MTP, draft models) drafts every request every step, so nothing would be deferred:
-sample_first is off there, as on engines where async scheduling writes drafts on the worker. A mirror that cannot continue from where the scheduler's shipment starts
+grammars, as vLLM would. A mirror that cannot continue from where the scheduler's shipment starts
 or refuses a shipped token is dropped and reported; its row keeps its unmasked draw, which the
 scheduler's grammar then checks as always (a token it refuses ends that request alone with vLLM's
 error), and the request is never deferred again.

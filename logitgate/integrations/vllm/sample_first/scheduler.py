@@ -226,8 +226,8 @@ def grammar_bitmask_replacement(original: Callable, name: str) -> Callable:
 def _fill(original: Callable, manager: Any, state: EngineState, requests: Any, ids: list[str], spec: Any) -> Any:
     """vLLM's fill of the batch, nothing deferred: the requests with forced drafts on forced/fill.py's
     shards, the others timed for the policy. Under a user's drafter vLLM fills every batch serially
-    (its parallel path needs no speculative config): the whole batch on forced/fill.py's shards, in
-    parallel under the same rule."""
+    (its parallel path needs no speculative config), and nothing is deferred there: the whole batch
+    on forced/fill.py's shards, in parallel under the same rule."""
     if manager.vllm_config.speculative_config is not None:
         return fill.fill_drafted(original, manager, requests, ids, spec or {})
     if not spec:
@@ -238,15 +238,11 @@ def _fill(original: Callable, manager: Any, state: EngineState, requests: Any, i
 
 def _timed_fill(original: Callable, manager: Any, state: EngineState, requests: Any, ids: list[str], spec: Any) -> Any:
     """vLLM's own fill of `ids`, timed for the policy (seconds per filled row; the fill's metrics
-    are fill_ahead's); under a user's drafter, where vLLM would fill them serially, on
-    forced/fill.py's shards (in vLLM's layout either way)."""
+    are fill_ahead's)."""
     if not ids:
         return original(manager, requests, ids, spec)
     start = time.perf_counter()
-    if manager.vllm_config.speculative_config is not None:
-        out = fill.fill_drafted(original, manager, requests, ids, spec)
-    else:
-        out = original(manager, requests, ids, spec)
+    out = original(manager, requests, ids, spec)
     state.policy.costs.record_fill(time.perf_counter() - start, len(ids))
     return out
 
